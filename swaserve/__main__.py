@@ -1,0 +1,3 @@
+from swaserve.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Engine configuration: frozen, validated once, never written back.
+
+Values discovered at run time (pool sizes, eos ids, the model's context length) live on the
+run-time objects that discover them (`ModelConfig`, `MemoryPlan`), not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Parse a byte size: 2147483648, "2GiB", "512MiB", "1.5GB"."""
+    if isinstance(value, bool):
+        raise ValueError(f"kv_memory: expected a byte size, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"kv_memory: must be positive, got {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"kv_memory: cannot parse byte size {value!r} (try '2GiB' or '512MiB')")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"kv_memory: must be positive, got {value!r}")
+    return n
+
+
+DTYPES = ("bfloat16", "float32", "float16")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "fp16": "float16",
+                  "f16": "float16", "half": "float16", "float": "float32"}
+
+
+def normalize_dtype(name: str) -> str:
+    name = _DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if name not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a user chooses about an engine. The CLI flags are built from these fields."""
+
+    model: str | None = field(default=None, metadata={
+        "help": "GGUF file or HF-style directory (config.json + safetensors); default: the bundled Gemma 3 270M"})
+    dtype: str = field(default="bfloat16", metadata={"help": "compute and KV dtype"})
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    max_running_requests: int | None = field(default=None, metadata={
+        "help": "request rows (each prepays its sliding-window rings); default: derived from the budget"})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "longest prompt + output per request; default: the model's context length"})
+    chunk_size: int = field(default=512, metadata={"help": "prefill token budget per step"})
+    page_size: int = field(default=16, metadata={"help": "tokens per full-attention KV page"})
+    kv_memory: str | None = field(default=None, metadata={
+        "help": "KV cache budget, e.g. 2GiB (default 1GiB unless --mem-fraction is given)"})
+    mem_fraction: float | None = field(default=None, metadata={
+        "help": "KV budget as a fraction of free memory after weights and activations"})
+    seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
+        for name in ("chunk_size", "page_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        for name in ("max_running_requests", "max_model_len", "num_threads"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.kv_memory is not None:
+            parse_bytes(self.kv_memory)
+        if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction!r}")
+
+    @property
+    def kv_memory_bytes(self) -> int | None:
+        return None if self.kv_memory is None else parse_bytes(self.kv_memory)
+
+    @classmethod
+    def fields(cls) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(cls)

@@ -1,0 +1,108 @@
+"""Request: one sequence being generated, with its named lengths and invariants."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from swaserve.sampling.params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Phase(enum.Enum):
+    PREFILL = "prefill"  # more than one token left to compute
+    DECODE = "decode"  # exactly the last sampled token left to compute
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_model_len: int
+    seed: int | None = None  # this completion's seed (params.seed + index for n > 1)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    row: int | None = None
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    output_text: str = ""
+    logprobs: list[dict[int, float]] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt: must not be empty")
+        if self.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"prompt: {self.num_prompt_tokens} tokens leave no room for output "
+                             f"within max_model_len {self.max_model_len}")
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def max_new_tokens(self) -> int:
+        return min(self.params.max_tokens, self.max_model_len - self.num_prompt_tokens)
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_new_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.DECODE if self.num_uncomputed_tokens <= 1 else Phase.PREFILL
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_at(self, pos: int) -> int:
+        n = self.num_prompt_tokens
+        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        n = self.num_prompt_tokens
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def check(self) -> None:
+        """Invariants of the named lengths (tests and debug runs call this)."""
+        if not 0 <= self.num_computed_tokens <= self.num_tokens:
+            raise AssertionError(f"{self.request_id}: computed {self.num_computed_tokens} "
+                                 f"outside [0, {self.num_tokens}]")
+        if self.num_tokens > self.max_model_len:
+            raise AssertionError(f"{self.request_id}: {self.num_tokens} tokens > max_model_len")
+        if (self.row is None) != (self.status is not RequestStatus.RUNNING):
+            raise AssertionError(f"{self.request_id}: row {self.row} but status {self.status}")

@@ -1,0 +1,172 @@
+"""ModelRunner: builds the model, its KV cache, and turns a Batch into a ForwardContext.
+
+Masks come from positions: for full layers from each request's length, for sliding layers
+from the positions the ring slots record (so a wrapped ring needs no special case). Where
+the window cannot bind (`offset + N <= W`) sliding layers take the plain causal path.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from swaserve.engine.scheduler import Batch, ScheduledSeq
+from swaserve.memory.kv_cache import KVCache
+from swaserve.memory.window_pool import EMPTY
+from swaserve.model.attention import SDPABackend
+from swaserve.model.config import ModelConfig
+from swaserve.model.context import AttnGroup, ForwardContext, KeyView
+from swaserve.model.loader import iter_weights
+from swaserve.model.source import ModelSource
+from swaserve.models.registry import model_class
+
+log = logging.getLogger("swaserve")
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
+                device: torch.device) -> torch.nn.Module:
+    """Build on the meta device, then fill the parameters from the checkpoint."""
+    cls = model_class(cfg.architecture)
+    with torch.device("meta"):
+        model = cls(cfg)
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if not name.endswith("norm"):  # norm multipliers stay float32
+                setattr(module, name, torch.nn.Parameter(
+                    torch.empty_like(p, dtype=dtype), requires_grad=False))
+            else:
+                p.requires_grad_(False)
+    model.to_empty(device=device)
+    model.load_weights(iter_weights(source, dtype))
+    return model.eval()
+
+
+@dataclass
+class PreparedBatch:
+    ctx: ForwardContext
+    sampled: list[ScheduledSeq]  # the seqs whose logits rows come out, in order
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: KVCache,
+                 device: torch.device):
+        self.model = model
+        self.cfg = cfg
+        self.cache = cache
+        self.device = device
+        self.window = cache.layout.max_window
+        model.attn = SDPABackend(cache)
+
+    def _t(self, data) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int64, device=self.device)
+
+    def prepare(self, batch: Batch) -> PreparedBatch:
+        decodes = [s for s in batch.seqs if s.num_tokens == 1]
+        prefills = [s for s in batch.seqs if s.num_tokens > 1]
+        order = decodes + prefills
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []
+        for s in order:
+            ids.extend(s.request.tokens(s.start, s.start + s.num_tokens))
+            pos.extend(range(s.start, s.start + s.num_tokens))
+            rows.extend([s.request.row] * s.num_tokens)
+        positions = self._t(pos)
+        rows_t = self._t(rows)
+        full_slots = ring_slots = None
+        if self.cache.full is not None:
+            full_slots = self.cache.rows.req_to_token[rows_t, positions]
+        if self.cache.window is not None:
+            ring_slots = rows_t * self.cache.window.ring + positions % self.cache.window.ring
+            # record positions first: every sliding layer writes these slots before it reads
+            self.cache.window.positions[ring_slots] = positions
+        groups: list[AttnGroup] = []
+        if decodes:
+            groups.append(self._decode_group(decodes))
+        start = len(decodes)
+        for s in prefills:
+            groups.append(self._prefill_group(s, start))
+            start += s.num_tokens
+        sampled, logit_rows = [], []
+        offset = 0
+        for s in order:
+            offset += s.num_tokens
+            if s.sample:
+                sampled.append(s)
+                logit_rows.append(offset - 1)
+        ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
+                             self._t(logit_rows))
+        return PreparedBatch(ctx, sampled)
+
+    def _decode_group(self, seqs: list[ScheduledSeq]) -> AttnGroup:
+        """One padded group: every row has one query at position `start`."""
+        b = len(seqs)
+        rows = self._t([s.request.row for s in seqs])
+        qpos = self._t([s.start for s in seqs])
+        lengths = qpos + 1
+        lmax = max(s.start for s in seqs) + 1
+        full = sliding = None
+        if self.cache.full is not None:
+            keys = torch.arange(lmax, device=self.device)
+            slots = self.cache.rows.req_to_token[rows, :lmax]
+            same = all(s.start == seqs[0].start for s in seqs)
+            mask = None if same else (keys[None, :] < lengths[:, None]).view(b, 1, 1, lmax)
+            full = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask)
+        if self.cache.window is not None:
+            ring = self.cache.window.ring
+            width = min(lmax, ring)  # rows shorter than the ring never wrapped: slot == pos
+            slots = rows[:, None] * ring + torch.arange(width, device=self.device)[None, :]
+            kpos = self.cache.window.positions[slots]
+            q = qpos[:, None]
+            mask = (kpos != EMPTY) & (kpos <= q) & (kpos > q - self.window)
+            sliding = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask.view(b, 1, 1, width))
+        group = AttnGroup(0, b, 1, full, sliding)
+        for view in (full, sliding):
+            if view is not None:
+                view.check(1)
+        return group
+
+    def _prefill_group(self, s: ScheduledSeq, start: int) -> AttnGroup:
+        o, n, row = s.start, s.num_tokens, s.request.row
+        qpos = torch.arange(o, o + n, device=self.device)
+        full = sliding = None
+        if self.cache.full is not None:
+            if o == 0:
+                full = KeyView(fresh=True, causal=True, key_slots=None, mask=None)
+            else:
+                slots = self.cache.rows.req_to_token[row, : o + n][None, :]
+                kpos = torch.arange(o + n, device=self.device)
+                mask = (kpos[None, :] <= qpos[:, None]).view(1, 1, n, o + n)
+                full = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask)
+        if self.cache.window is not None:
+            ring, w = self.cache.window.ring, self.window
+            if o + n <= w:  # the window cannot bind: plain causal
+                if o == 0:
+                    sliding = KeyView(fresh=True, causal=True, key_slots=None, mask=None)
+                else:
+                    slots = (row * ring + torch.arange(o + n, device=self.device))[None, :]
+                    kpos = torch.arange(o + n, device=self.device)
+                    mask = (kpos[None, :] <= qpos[:, None]).view(1, 1, n, o + n)
+                    sliding = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask)
+            elif o == 0:  # one shot longer than the window: banded mask over the fresh keys
+                q = qpos[:, None]
+                mask = (qpos[None, :] <= q) & (qpos[None, :] > q - w)
+                sliding = KeyView(fresh=True, causal=False, key_slots=None, mask=mask.view(1, 1, n, n))
+            else:
+                slots = (row * ring + torch.arange(ring, device=self.device))[None, :]
+                kpos = self.cache.window.positions[slots]
+                q = qpos[:, None]
+                mask = (kpos != EMPTY) & (kpos <= q) & (kpos > q - w)
+                sliding = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask.view(1, 1, n, ring))
+        for view in (full, sliding):
+            if view is not None:
+                view.check(n)
+        return AttnGroup(start, 1, n, full, sliding)
+
+    @torch.inference_mode()
+    def forward(self, prepared: PreparedBatch) -> torch.Tensor:
+        return self.model(prepared.ctx)

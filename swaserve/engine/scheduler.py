@@ -1,0 +1,134 @@
+"""Scheduler: continuous batching with chunked prefill, admission by memory, retraction.
+
+Each step has a token budget (`chunk_size`). Running requests go first, oldest first, so a
+decode is never starved by a newer prompt; a continuing prefill takes what budget is left.
+Waiting requests are then admitted while a request row is free and the full pool has pages
+for the tokens they write now plus their first decode token (`needed <= free`). A running
+request already owns its row (its ring was prepaid) and is only charged for new pages.
+When the full pool runs dry the newest running request is retracted: its memory is freed
+and it is recomputed later, which gives the same greedy output.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from swaserve.engine.request import FinishReason, Request, RequestStatus
+from swaserve.memory.kv_cache import KVCache
+
+
+@dataclass
+class ScheduledSeq:
+    request: Request
+    start: int  # first position computed this step
+    num_tokens: int
+    sample: bool  # this chunk reaches the end of the known tokens: sample the next one
+
+
+@dataclass
+class Batch:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    retracted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+
+class Scheduler:
+    def __init__(self, cache: KVCache, chunk_size: int):
+        self.cache = cache
+        self.chunk_size = chunk_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue -----------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        need = self.cache.pages_needed(None, req.max_total_tokens)
+        if need > self.cache.num_total_pages and self.cache.full is not None:
+            raise ValueError(
+                f"prompt: {req.num_prompt_tokens} prompt + {req.max_new_tokens} new tokens need "
+                f"{need} full-KV pages but the whole pool holds {self.cache.num_total_pages}; "
+                "raise kv_memory or lower max_tokens")
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, req: Request) -> None:
+        if req.status is RequestStatus.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = FinishReason.ABORT
+        elif req.status is RequestStatus.RUNNING:
+            self.finish(req, FinishReason.ABORT)
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self.cache.free_row(req.row)
+            req.row = None
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    # -- one step --------------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self.chunk_size
+        scheduled: set[str] = set()
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:  # retracted earlier in this loop
+                continue
+            n = min(req.num_uncomputed_tokens, budget)
+            if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch):
+                continue
+            self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
+            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
+                                           req.num_computed_tokens + n == req.num_tokens))
+            scheduled.add(req.request_id)
+            budget -= n
+        while self.waiting and budget > 0 and not batch.retracted:
+            req = self.waiting[0]
+            if self.cache.rows.num_free == 0:
+                break
+            n = min(req.num_uncomputed_tokens, budget)
+            # charge the tokens written now plus the first decode token after the prompt
+            need = self.cache.pages_needed(None, min(n + 1, req.max_total_tokens))
+            if not self.cache.can_fit(need):
+                break
+            self.waiting.popleft()
+            req.row = self.cache.alloc_row()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
+            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
+                                           req.num_computed_tokens + n == req.num_tokens))
+            scheduled.add(req.request_id)
+            budget -= n
+        return batch
+
+    def _make_room(self, req: Request, num_tokens: int, scheduled: set[str], batch: Batch) -> bool:
+        """Retract the newest unscheduled requests until `req` has pages for `num_tokens`.
+        False when `req` itself had to be retracted."""
+        while not self.cache.can_fit(self.cache.pages_needed(req.row, num_tokens)):
+            victims = [r for r in self.running if r.request_id not in scheduled and r is not req]
+            victim = victims[-1] if victims else req
+            self._retract(victim)
+            batch.retracted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _retract(self, req: Request) -> None:
+        self.running.remove(req)
+        self.cache.free_row(req.row)
+        req.row = None
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)

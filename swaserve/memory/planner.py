@@ -1,0 +1,149 @@
+"""Memory planner: turns one byte budget into pool sizes by ring accounting.
+
+Ring accounting charges what windowed storage really uses:
+- fixed, per request row: `ring * sum_sliding(kv bytes/token)` plus any per-request state;
+- per token: `sum_full(kv bytes/token)` only.
+Full-pool tokens = (budget - rows * fixed) / per-token bytes, rounded down to whole pages.
+`compare_accounting` puts this beside token-scaled accounting (sliding layers charged per
+token, as engines that pool SWA KV by token do) and full-history storage (no windowing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swaserve.memory.layout import CacheLayout, LayerKind
+
+MAX_DEFAULT_ROWS = 256
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_bytes: int
+    num_rows: int
+    ring: int  # slots per row per sliding layer (0: no window pool)
+    page_size: int
+    full_pool_pages: int  # 0: no full pool
+    full_bytes_per_token: int
+    fixed_bytes_per_row: int
+
+    @property
+    def full_pool_tokens(self) -> int:
+        return self.full_pool_pages * self.page_size
+
+    @property
+    def used_bytes(self) -> int:
+        return self.num_rows * self.fixed_bytes_per_row + self.full_pool_tokens * self.full_bytes_per_token
+
+    def describe(self) -> str:
+        gib = 1024**3
+        return (f"KV plan: budget {self.budget_bytes / gib:.2f} GiB -> {self.num_rows} request rows "
+                f"(ring {self.ring} slots, {self.fixed_bytes_per_row / 2**20:.1f} MiB each), "
+                f"full pool {self.full_pool_tokens} tokens in {self.full_pool_pages} pages of "
+                f"{self.page_size} ({self.full_bytes_per_token} B/token); "
+                f"uses {self.used_bytes / gib:.3f} GiB")
+
+
+def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+    return sum(s.kv_bytes_per_token(dtype_bytes) for s in layout.layers if s.kind is LayerKind.FULL)
+
+
+def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+    return sum(s.kv_bytes_per_token(dtype_bytes) for s in layout.layers if s.kind is LayerKind.SLIDING)
+
+
+def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int) -> int:
+    state = sum(s.fixed_state_bytes for s in layout.layers)
+    # positions of the ring: one int64 per slot, shared by all sliding layers
+    positions = 8 * ring if ring else 0
+    return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions
+
+
+def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
+                page_size: int, max_model_len: int, max_running_requests: int | None = None
+                ) -> MemoryPlan:
+    """Size the pools for `budget_bytes`. Raises ValueError when the budget cannot hold one
+    request row plus one page of full KV."""
+    ring = layout.ring_size(chunk_size, page_size)
+    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes)
+    per_token = full_bytes_per_token(layout, dtype_bytes)
+    page_bytes = per_token * page_size
+    if max_running_requests is None:
+        # Give each row its ring plus a ring's worth of full-pool tokens on average.
+        per_row = fixed + per_token * max(ring, chunk_size)
+        rows = max(1, min(MAX_DEFAULT_ROWS, budget_bytes // max(per_row, 1)))
+    else:
+        rows = max_running_requests
+    remaining = budget_bytes - rows * fixed
+    if remaining < 0 or (per_token and remaining < page_bytes):
+        need = rows * fixed + page_bytes
+        raise ValueError(
+            f"kv_memory: {budget_bytes} bytes cannot hold {rows} request rows "
+            f"({fixed} bytes each for sliding-window rings) plus one full-KV page; "
+            f"need at least {need} bytes, or lower max_running_requests")
+    if per_token:
+        pages = remaining // page_bytes
+        # more than every row at max length is never used
+        useful = rows * (-(-max_model_len // page_size))
+        pages = min(pages, useful)
+    else:
+        pages = 0
+    return MemoryPlan(budget_bytes=budget_bytes, num_rows=rows, ring=ring, page_size=page_size,
+                      full_pool_pages=pages, full_bytes_per_token=per_token,
+                      fixed_bytes_per_row=fixed)
+
+
+@dataclass(frozen=True)
+class Accounting:
+    name: str
+    bytes_per_token: float
+    fixed_bytes_per_request: int
+    full_pool_tokens: int
+    max_concurrent_requests: int
+    bytes_per_request_at_context: int
+
+
+def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *,
+                       context: int, chunk_size: int, page_size: int,
+                       max_running_requests: int | None = None,
+                       swa_ratio: float = 0.8) -> dict[str, Accounting]:
+    """Capacity of one budget under ring accounting, token-scaled accounting (a shared SWA
+    token pool sized `swa_ratio` x the full pool, as SGLang's swa_full_tokens_ratio does) and
+    full-history storage, for requests of `context` tokens."""
+    full_bpt = full_bytes_per_token(layout, dtype_bytes)
+    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    ring = layout.ring_size(chunk_size, page_size)
+    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes)
+    ctx_tokens = -(-context // page_size) * page_size
+    cap = max_running_requests
+
+    def bound(n: int) -> int:
+        return max(0, n if cap is None else min(n, cap))
+
+    # (a) ring: each request prepays its ring; full layers per token
+    per_req = fixed + ctx_tokens * full_bpt
+    n_ring = bound(budget_bytes // per_req if per_req else 0)
+    rows = cap if cap is not None else max(n_ring, 1)
+    ring_tokens = ((max(budget_bytes - rows * fixed, 0) // (full_bpt * page_size)) * page_size
+                   if full_bpt else 0)
+    ring_acc = Accounting("ring", full_bpt, fixed, ring_tokens, n_ring, per_req)
+
+    # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well
+    ts_bpt = full_bpt + swa_ratio * swa_bpt
+    ts_tokens = int(budget_bytes // ts_bpt) // page_size * page_size if ts_bpt else 0
+    if full_bpt:
+        n_ts = ts_tokens // ctx_tokens
+        swa_pool = int(swa_ratio * ts_tokens)
+        if swa_bpt:  # each request also keeps min(context, ring) tokens in the SWA pool
+            n_ts = min(n_ts, swa_pool // max(1, min(ctx_tokens, ring)))
+    else:
+        n_ts = ts_tokens // max(1, min(ctx_tokens, ring))
+    ts_acc = Accounting("token_scaled", ts_bpt, 0, ts_tokens, bound(n_ts),
+                        int(ctx_tokens * ts_bpt))
+
+    # (c) full history: every layer keeps every token
+    fh_bpt = full_bpt + swa_bpt
+    fh_tokens = (budget_bytes // (fh_bpt * page_size)) * page_size if fh_bpt else 0
+    fh_acc = Accounting("full_history", fh_bpt, 0, fh_tokens, bound(fh_tokens // ctx_tokens),
+                        ctx_tokens * fh_bpt)
+    return {"ring": ring_acc, "token_scaled": ts_acc, "full_history": fh_acc}

@@ -1,0 +1,59 @@
+"""Attention over the paged full pool and the per-request window rings.
+
+`AttentionBackend` is the seam; `SDPABackend` (torch scaled_dot_product_attention) is the
+default and runs on CPU and CUDA alike. Each layer first writes its new K/V into its pool,
+then attends group by group as the ForwardContext describes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from swaserve.memory.kv_cache import KVCache
+from swaserve.memory.layout import LayerKind
+from swaserve.model.context import ForwardContext
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 ctx: ForwardContext, scale: float) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KVH, D] for the batch's new tokens -> output [T, H * D]."""
+        ...
+
+
+class SDPABackend:
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        self.layout = cache.layout
+        self._dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 ctx: ForwardContext, scale: float) -> torch.Tensor:
+        kind = self.layout.layers[layer].kind
+        dense = self._dense[layer]
+        if kind is LayerKind.FULL:
+            pool, slots = self.cache.full, ctx.full_slots
+        else:
+            pool, slots = self.cache.window, ctx.ring_slots
+        pool.write(dense, slots, k, v)
+        k_buf, v_buf = pool.k[dense], pool.v[dense]
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        gqa = num_heads != k.shape[1]
+        outs = []
+        for g in ctx.groups:
+            view = g.full if kind is LayerKind.FULL else g.sliding
+            qg = q[g.start:g.end].view(g.batch, g.num_queries, num_heads, head_dim).transpose(1, 2)
+            if view.fresh:
+                kg = k[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
+                vg = v[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
+            else:
+                kg = k_buf[view.key_slots].transpose(1, 2)
+                vg = v_buf[view.key_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=view.mask, is_causal=view.causal and view.mask is None,
+                scale=scale, enable_gqa=gqa)
+            outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -1,0 +1,146 @@
+"""ModelConfig: the architecture facts a model family needs, read from an HF config.json dict
+or from GGUF metadata (converted to the same dict first, so both paths share one parser)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    layer_types: tuple[str, ...]  # "full" | "sliding" per layer
+    max_position_embeddings: int
+    sliding_window: int | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    hidden_act: str = "gelu_pytorch_tanh"
+    tie_word_embeddings: bool = True
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def attn_scale(self) -> float:
+        scalar = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
+        return 1.0 / math.sqrt(scalar)
+
+    def cache_layout(self) -> CacheLayout:
+        specs = []
+        for kind in self.layer_types:
+            if kind == "sliding":
+                specs.append(LayerSpec(LayerKind.SLIDING, self.num_kv_heads, self.head_dim,
+                                       window=self.sliding_window))
+            else:
+                specs.append(LayerSpec(LayerKind.FULL, self.num_kv_heads, self.head_dim))
+        return CacheLayout(tuple(specs))
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        if "text_config" in cfg:  # multimodal wrapper: serve its text model
+            cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else cfg.get("model_type", "?")
+        if arch == "Gemma3ForConditionalGeneration":
+            arch = "Gemma3ForCausalLM"
+        n = int(cfg["num_hidden_layers"])
+        window = cfg.get("sliding_window")
+        types = cfg.get("layer_types")
+        if types is None:
+            pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+            if window and pattern:
+                types = ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention"
+                         for i in range(n)]
+            else:
+                types = ["sliding_attention" if window else "full_attention"] * n
+        layer_types = tuple("sliding" if t == "sliding_attention" else "full" for t in types)
+        rope = cfg.get("rope_parameters") or {}
+        if "full_attention" in rope:
+            theta = float(rope["full_attention"].get("rope_theta", 10000.0))
+            local = float(rope.get("sliding_attention", {}).get("rope_theta", theta))
+        else:
+            theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+            local = float(cfg.get("rope_local_base_freq", theta))
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            architecture=arch,
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=n,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_local_theta=local,
+            layer_types=layer_types,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
+            sliding_window=int(window) if window and "sliding" in layer_types else None,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
+            hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            pad_token_id=cfg.get("pad_token_id"),
+            raw=dict(cfg),
+        )
+
+
+def gguf_metadata_to_hf(meta: dict[str, Any]) -> dict[str, Any]:
+    """Translate GGUF key/values into an HF-style config dict (gemma3 today)."""
+    arch = meta.get("general.architecture")
+    if arch != "gemma3":
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: gemma3)")
+
+    def g(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    n = int(g("block_count"))
+    vocab = meta.get("tokenizer.ggml.tokens#len")
+    head_count = int(g("attention.head_count"))
+    # Gemma 3 interleaves five sliding layers with one full layer; the GGUF keeps only W.
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": int(g("embedding_length")),
+        "num_hidden_layers": n,
+        "num_attention_heads": head_count,
+        "num_key_value_heads": int(g("attention.head_count_kv", head_count)),
+        "head_dim": int(g("attention.key_length")),
+        "intermediate_size": int(g("feed_forward_length")),
+        "vocab_size": int(vocab) if vocab is not None else int(g("vocab_size")),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g("rope.freq_base", 1_000_000.0)),
+        "rope_local_base_freq": 10_000.0,
+        "sliding_window": int(g("attention.sliding_window")),
+        "layer_types": types,
+        "max_position_embeddings": int(g("context_length", 32768)),
+        "query_pre_attn_scalar": int(g("attention.key_length")),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }

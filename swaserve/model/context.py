@@ -1,0 +1,59 @@
+"""ForwardContext: everything one forward pass needs to know about its batch, built once per
+step by the model runner and passed explicitly to every layer.
+
+Tokens of the batch are flattened into `[T]`: decode rows first (one query each, attended as
+one padded group), then each prefill chunk as its own group. For every group and cache kind
+(full / sliding) a `KeyView` says where the keys come from and which ones each query sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KeyView:
+    """Keys one attention group reads from one kind of cache.
+
+    fresh: read the chunk's own new K/V (a prefill starting at position 0), no cache gather.
+    key_slots: [B, L] cache slots to gather (None when fresh).
+    mask: bool [B, 1, Nq, L] (True = attend), or None with `causal` for plain causal.
+    """
+
+    fresh: bool
+    causal: bool
+    key_slots: torch.Tensor | None
+    mask: torch.Tensor | None
+
+    def check(self, num_queries: int) -> None:
+        if self.mask is None:
+            return
+        width = self.mask.shape[-1]
+        keys = self.key_slots.shape[-1] if self.key_slots is not None else num_queries
+        if width != keys:
+            raise AssertionError(f"mask width {width} != keys returned {keys}")
+
+
+@dataclass
+class AttnGroup:
+    start: int  # first query token in the flattened batch
+    batch: int  # sequences in the group
+    num_queries: int  # queries per sequence
+    full: KeyView | None
+    sliding: KeyView | None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.batch * self.num_queries
+
+
+@dataclass
+class ForwardContext:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    full_slots: torch.Tensor | None  # [T] full-pool slots the new tokens are written to
+    ring_slots: torch.Tensor | None  # [T] window-pool slots the new tokens are written to
+    groups: list[AttnGroup]
+    logits_indices: torch.Tensor  # [S] rows of the flattened batch whose logits are sampled

@@ -1,0 +1,143 @@
+"""Reading weights: GGUF files (dequantized with the gguf package) and safetensors.
+
+Weights come out as (HF parameter name, tensor) pairs, so every model family has one
+`load_weights` whatever the file format. Dequantized GGUF weights are cached as safetensors
+(per dtype) so that a second start skips the dequantization.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from swaserve.model.source import ModelLoadError, ModelSource
+
+log = logging.getLogger("swaserve")
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                      "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def _gguf_reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises many kinds on a bad file
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def gguf_name_to_hf(name: str) -> str | None:
+    if name in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m and m.group(2) in _GGUF_LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _progress(iterable, total: int, desc: str):
+    return tqdm(iterable, total=total, desc=desc, unit="tensor", file=sys.stderr,
+                disable=os.environ.get("SWASERVE_NO_PROGRESS") == "1", leave=False)
+
+
+def _iter_gguf(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    import gguf
+
+    reader = _gguf_reader(source.path)
+    for t in _progress(reader.tensors, len(reader.tensors), "Dequantizing GGUF"):
+        name = gguf_name_to_hf(t.name)
+        if name is None:
+            log.warning("ignoring unknown GGUF tensor %s", t.name)
+            continue
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:  # noqa: BLE001 - corrupt or unsupported block data
+            raise ModelLoadError(f"{source.path}: cannot dequantize {t.name}: {e}") from e
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        # llama.cpp stores Gemma's norm multiplier as 1 + w; the HF convention keeps w
+        if name.endswith("norm.weight"):
+            arr = arr - 1.0
+        yield name, torch.from_numpy(arr).to(dtype)
+
+
+def _iter_safetensors(directory: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory}: no *.safetensors weights")
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                keys = list(st.keys())
+                for k in _progress(keys, len(keys), f"Loading {f.name}"):
+                    yield k, st.get_tensor(k).to(dtype)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ModelLoadError(f"{f}: unreadable safetensors file ({e})") from e
+
+
+def iter_weights(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in `dtype`) for every weight; GGUF goes through the weight cache."""
+    if source.fmt == "hf":
+        yield from _iter_safetensors(source.path, dtype)
+        return
+    cached = source.cache_dir() / f"weights-{str(dtype).removeprefix('torch.')}.safetensors"
+    if cached.exists() and _readable_safetensors(cached):
+        yield from _iter_safetensors_file(cached, dtype)
+        return
+    tensors = dict(_iter_gguf(source, dtype))
+    try:
+        from safetensors.torch import save_file
+
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, cached)
+    except OSError as e:
+        log.warning("could not write weight cache %s: %s", cached, e)
+    yield from tensors.items()
+
+
+def _readable_safetensors(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as st:
+            return len(list(st.keys())) > 0
+    except Exception:  # noqa: BLE001 - a torn cache file is rebuilt, never fatal
+        log.warning("weight cache %s is unreadable; rebuilding it", path)
+        return False
+
+
+def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as st:
+            keys = list(st.keys())
+            for k in keys:
+                yield k, st.get_tensor(k).to(dtype)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: {e}") from e

@@ -1,0 +1,153 @@
+"""Gemma 3 text model (Gemma3ForCausalLM): five sliding layers per full layer, RoPE base 10k
+on sliding and 1M on full layers, q/k RMSNorm, Gemma's (1 + w) RMSNorm, scaled embeddings,
+GELU-tanh MLP, LM head tied to the embeddings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swaserve.model.attention import AttentionBackend
+from swaserve.model.config import ModelConfig
+from swaserve.model.context import ForwardContext
+from swaserve.model.layers import apply_rope, rms_norm, rope_cos_sin
+
+# checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
+STACKED = {
+    "self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
+    "self_attn.v_proj.weight": ("qkv", 2), "mlp.gate_proj.weight": ("gate_up", 0),
+    "mlp.up_proj.weight": ("gate_up", 1),
+}
+SINGLE = {
+    "self_attn.o_proj.weight": "o", "mlp.down_proj.weight": "down",
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+    "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffn_norm",
+}
+NORMS = {"q_norm", "k_norm", "attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"}
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.index = index
+        self.sliding = cfg.layer_types[index] == "sliding"
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
+        self.o = nn.Parameter(torch.empty(h, self.q_size))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
+        self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
+        # norm parameters hold the full multiplier 1 + w, in float32
+        for name in NORMS:
+            size = d if name in ("q_norm", "k_norm") else h
+            setattr(self, name, nn.Parameter(torch.empty(size, dtype=torch.float32)))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
+        t = x.shape[0]
+        h = rms_norm(x, self.attn_norm, self.eps)
+        q, k, v = F.linear(h, self.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rms_norm(q.reshape(t, self.num_heads, self.head_dim), self.q_norm, self.eps)
+        k = rms_norm(k.reshape(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = F.linear(attn(self.index, q, k, v, ctx, scale), self.o)
+        x = x + rms_norm(o, self.post_attn_norm, self.eps)
+        h = rms_norm(x, self.ffn_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down)
+        return x + rms_norm(h, self.post_ffn_norm, self.eps)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
+        self.layers = nn.ModuleList(Gemma3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.scale = cfg.attn_scale
+        self.attn: AttentionBackend | None = None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill the parameters from HF-named checkpoint tensors (merging q/k/v and gate/up)."""
+        seen: set[str] = set()
+        params = dict(self.named_parameters())
+        for name, w in weights:
+            name = name.removeprefix("model.language_model.").removeprefix("language_model.")
+            name = name.removeprefix("model.")
+            if name == "embed_tokens.weight":
+                target, offset = "embed", None
+            elif name == "norm.weight":
+                target, offset = "final_norm", None
+            elif name == "lm_head.weight":
+                if self.lm_head is None:
+                    continue
+                target, offset = "lm_head", None
+            elif name.startswith("layers."):
+                _, idx, rest = name.split(".", 2)
+                if rest in STACKED:
+                    pname, shard = STACKED[rest]
+                    target = f"layers.{idx}.{pname}"
+                    offset = self._shard_offset(int(idx), pname, shard)
+                elif rest in SINGLE:
+                    target, offset = f"layers.{idx}.{SINGLE[rest]}", None
+                else:
+                    continue
+            else:
+                continue
+            p = params[target]
+            if target.endswith("norm") or target.split(".")[-1] in NORMS:
+                w = 1.0 + w.to(p.dtype).float()
+            with torch.no_grad():
+                if offset is None:
+                    if tuple(w.shape) != tuple(p.shape):
+                        raise ValueError(f"{name}: shape {tuple(w.shape)} != expected {tuple(p.shape)}")
+                    p.copy_(w)
+                else:
+                    start, size = offset
+                    if w.shape[0] != size or w.shape[1:] != p.shape[1:]:
+                        raise ValueError(f"{name}: shape {tuple(w.shape)} does not fit {target}")
+                    p[start:start + size].copy_(w)
+            seen.add(f"{target}:{offset}")
+        expected = 2 + (0 if self.lm_head is None else 1) + self.cfg.num_layers * (5 + len(SINGLE))
+        if len(seen) != expected:
+            raise ValueError(f"checkpoint is missing weights: loaded {len(seen)} of {expected}")
+
+    def _shard_offset(self, idx: int, pname: str, shard: int) -> tuple[int, int]:
+        layer = self.layers[idx]
+        if pname == "qkv":
+            sizes = [layer.q_size, layer.kv_size, layer.kv_size]
+        else:
+            half = layer.gate_up.shape[0] // 2
+            sizes = [half, half]
+        return sum(sizes[:shard]), sizes[shard]
+
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        """Logits [S, V] (float32) for the flattened batch rows `ctx.logits_indices`."""
+        cfg = self.cfg
+        dtype = self.embed.dtype
+        x = F.embedding(ctx.input_ids, self.embed) * torch.tensor(
+            math.sqrt(cfg.hidden_size), dtype=dtype)
+        rope_full = rope_cos_sin(ctx.positions, cfg.head_dim, cfg.rope_theta, dtype)
+        rope_local = rope_cos_sin(ctx.positions, cfg.head_dim,
+                                  cfg.rope_local_theta or cfg.rope_theta, dtype)
+        for layer in self.layers:
+            x = layer(x, rope_local if layer.sliding else rope_full, ctx, self.attn, self.scale)
+        x = rms_norm(x[ctx.logits_indices], self.final_norm, cfg.rms_norm_eps)
+        logits = F.linear(x, self.embed if self.lm_head is None else self.lm_head).float()
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits

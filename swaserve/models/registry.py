@@ -1,0 +1,21 @@
+"""Model registry: HF architecture name -> model class."""
+
+from __future__ import annotations
+
+import importlib
+
+_REGISTRY = {
+    "Gemma3ForCausalLM": ("swaserve.models.gemma3", "Gemma3ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def model_class(architecture: str):
+    if architecture not in _REGISTRY:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{', '.join(supported_architectures())}")
+    module, name = _REGISTRY[architecture]
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,114 @@
+"""SamplingParams: what a request asks of the sampler, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = -1  # -1 or 0: all
+    top_p: float = 1.0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    _validated: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first bad parameter. With `vocab_size`, token ids in
+        logit_bias and stop_token_ids are checked against it too."""
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name}: {why}")
+
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                bad(name, f"must be a number, got {v!r}")
+            return float(v)
+
+        def integer(name: str) -> int:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                bad(name, f"must be an integer, got {v!r}")
+            return v
+
+        if number("temperature") < 0:
+            bad("temperature", f"must be >= 0, got {self.temperature}")
+        if integer("top_k") < -1:
+            bad("top_k", f"must be -1 or 0 (all) or a positive integer, got {self.top_k}")
+        if not 0.0 < number("top_p") <= 1.0:
+            bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= number("min_p") < 1.0:
+            bad("min_p", f"must be in [0, 1), got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= number(name) <= 2.0:
+                bad(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        if number("repetition_penalty") <= 0:
+            bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if integer("n") < 1:
+            bad("n", f"must be >= 1, got {self.n}")
+        if integer("max_tokens") < 1:
+            bad("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if integer("min_tokens") < 0:
+            bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                bad("seed", f"must be an integer, got {self.seed!r}")
+            if not -(2**63) <= self.seed < 2**64:
+                bad("seed", f"must fit in 64 bits, got {self.seed}")
+        if self.logprobs is not None:
+            if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (
+                    0 <= self.logprobs <= MAX_LOGPROBS):
+                bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None:
+            if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+                bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad("logit_bias", "must map token ids to biases")
+            cleaned = {}
+            for k, v in self.logit_bias.items():
+                try:
+                    tid = int(k)
+                except (TypeError, ValueError):
+                    bad("logit_bias", f"key {k!r} is not a token id")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                    bad("logit_bias", f"bias for token {k} must be a number, got {v!r}")
+                if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+                    bad("logit_bias", f"unknown token id {tid}"
+                        + (f" (vocabulary has {vocab_size})" if vocab_size else ""))
+                cleaned[tid] = max(-100.0, min(100.0, float(v)))
+            self.logit_bias = cleaned
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, list):
+                bad("stop_token_ids", "must be a list of token ids")
+            for t in self.stop_token_ids:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (
+                        vocab_size is not None and t >= vocab_size):
+                    bad("stop_token_ids", f"unknown token id {t!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

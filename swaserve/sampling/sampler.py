@@ -1,0 +1,215 @@
+"""On-device sampler: pure tensor functions over the batch, parameters packed once per step.
+
+Order for each row (DESIGN.md §3):
+float32 logits -> + additive edit row (logit_bias; grammar masks join here as -inf)
+-> penalties -> / temperature -> logprobs read here -> top-k / top-p / min-p -> Gumbel-max.
+
+Greedy rows take the exact argmax and consume no randomness. Temperature-only rows skip the
+sort. Filtering rows work on `[B, K_max]` candidates from one `topk` when every one of them
+has top_k <= BOUNDED_TOP_K, else on the sorted vocabulary; both pick the same token for a
+seeded row because its noise is keyed by vocabulary id (murmur.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swaserve.sampling import murmur
+from swaserve.sampling.params import SamplingParams
+
+BOUNDED_TOP_K = 1024
+
+
+@dataclass
+class SamplerRow:
+    """What the sampler needs of one row: its params, seed, position and token history."""
+
+    params: SamplingParams
+    seed: int | None
+    position: int  # absolute position of the last input token
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    suppress: Sequence[int] = ()  # token ids banned this step (eos/stop before min_tokens)
+    mask: torch.Tensor | None = None  # bool [V], True = allowed (grammar)
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row parameters packed once per batch."""
+
+    greedy: torch.Tensor  # bool [B]
+    temperature: torch.Tensor  # float32 [B] (1 for greedy rows)
+    top_k: torch.Tensor  # int64 [B], V for "all"
+    top_p: torch.Tensor  # float32 [B]
+    min_p: torch.Tensor  # float32 [B]
+    seeded: torch.Tensor  # bool [B]
+    prefix: torch.Tensor  # int64 [B] murmur state after (seed_lo, seed_hi, pos)
+    filter_rows: list[int]
+    temp_rows: list[int]
+    greedy_rows: list[int]
+    bias_index: tuple[torch.Tensor, torch.Tensor] | None
+    bias_value: torch.Tensor | None
+    penalty_rows: list[int]
+    logprob_rows: list[int]
+    num_logprobs: int
+
+    @classmethod
+    def build(cls, rows: list[SamplerRow], vocab: int, device: torch.device) -> SamplingTensors:
+        b = len(rows)
+        greedy = [r.params.greedy for r in rows]
+        temps = [1.0 if g else float(r.params.temperature) for g, r in zip(greedy, rows)]
+        top_k = [vocab if r.params.top_k in (-1, 0) else min(r.params.top_k, vocab) for r in rows]
+        filtering = [not g and (k < vocab or r.params.top_p < 1.0 or r.params.min_p > 0.0)
+                     for g, k, r in zip(greedy, top_k, rows)]
+        seeds = [r.seed if r.seed is not None else 0 for r in rows]
+        lo_hi = [murmur.split_seed(s) for s in seeds]
+        t = lambda data, dt: torch.tensor(data, dtype=dt, device=device)  # noqa: E731
+        prefix = murmur.row_prefix(t([x[0] for x in lo_hi], torch.int64),
+                                   t([x[1] for x in lo_hi], torch.int64),
+                                   t([r.position for r in rows], torch.int64))
+        bi, bt, bv = [], [], []
+        for i, r in enumerate(rows):
+            for tok, val in (r.params.logit_bias or {}).items():
+                bi.append(i), bt.append(tok), bv.append(val)
+            for tok in r.suppress:
+                bi.append(i), bt.append(tok), bv.append(float("-inf"))
+        want_lp = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        return cls(
+            greedy=t(greedy, torch.bool), temperature=t(temps, torch.float32),
+            top_k=t(top_k, torch.int64), top_p=t([float(r.params.top_p) for r in rows], torch.float32),
+            min_p=t([float(r.params.min_p) for r in rows], torch.float32),
+            seeded=t([r.seed is not None for r in rows], torch.bool), prefix=prefix,
+            filter_rows=[i for i in range(b) if filtering[i]],
+            temp_rows=[i for i in range(b) if not greedy[i] and not filtering[i]],
+            greedy_rows=[i for i in range(b) if greedy[i]],
+            bias_index=(t(bi, torch.int64), t(bt, torch.int64)) if bi else None,
+            bias_value=t(bv, torch.float32) if bi else None,
+            penalty_rows=[i for i, r in enumerate(rows) if _has_penalty(r.params)],
+            logprob_rows=want_lp,
+            num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
+        )
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
+@dataclass
+class SamplerOutput:
+    tokens: torch.Tensor  # int64 [B]
+    chosen_logprob: torch.Tensor | None  # float32 [B_lp]
+    top_logprobs: torch.Tensor | None  # float32 [B_lp, n]
+    top_ids: torch.Tensor | None  # int64 [B_lp, n]
+    logprob_rows: list[int]
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int]) -> None:
+    """In place on logits[idx]: frequency/presence over output counts (OpenAI), repetition
+    (CTRL) over tokens seen in prompt or output."""
+    if not idx:
+        return
+    device, vocab = logits.device, logits.shape[1]
+    sub = logits[idx]
+    counts = torch.zeros(len(idx), vocab, dtype=torch.float32, device=device)
+    seen = torch.zeros(len(idx), vocab, dtype=torch.bool, device=device)
+    for j, i in enumerate(idx):
+        out = torch.tensor(list(rows[i].output_ids), dtype=torch.int64, device=device)
+        if out.numel():
+            counts[j].scatter_add_(0, out, torch.ones_like(out, dtype=torch.float32))
+        prompt = torch.tensor(list(rows[i].prompt_ids), dtype=torch.int64, device=device)
+        seen[j, prompt] = True
+    seen |= counts > 0
+    p = [rows[i].params for i in idx]
+    freq = torch.tensor([x.frequency_penalty for x in p], device=device)[:, None]
+    pres = torch.tensor([x.presence_penalty for x in p], device=device)[:, None]
+    rep = torch.tensor([x.repetition_penalty for x in p], device=device)[:, None]
+    sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    sub = sub - freq * counts - pres * (counts > 0).float()
+    logits[idx] = sub
+
+
+def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """vals [B, N] sorted descending (temperature-scaled logits). Returns the keep mask:
+    top-k by rank, then top-p over the renormalised top-k set, then min-p relative to the
+    most likely token. The first candidate is always kept."""
+    n = vals.shape[1]
+    rank = torch.arange(n, device=vals.device)[None, :]
+    keep = rank < top_k[:, None]
+    masked = vals.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(masked, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each candidate
+    keep &= before < top_p[:, None]
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    keep[:, 0] = True
+    return keep
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
+        self.vocab = vocab_size
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def _noise(self, st: SamplingTensors, rows: list[int], token_ids: torch.Tensor) -> torch.Tensor:
+        """Gumbel noise (float64) for `rows` at vocabulary ids `token_ids` ([R, N] or [N])."""
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        shape = (len(rows), token_ids.shape[-1])
+        out = torch.empty(shape, dtype=torch.float64, device=self.device)
+        seeded = st.seeded[rows_t]
+        if bool(seeded.any()):
+            s = seeded.nonzero().flatten()
+            ids = token_ids[s] if token_ids.dim() == 2 else token_ids
+            out[s] = murmur.gumbel_from_hash(murmur.murmur_hash(st.prefix[rows_t[s]], ids))
+        if not bool(seeded.all()):
+            u = (~seeded).nonzero().flatten()
+            e = torch.empty((len(u), shape[1]), dtype=torch.float64, device=self.device)
+            e.exponential_(generator=self.generator)
+            out[u] = -torch.log(e)
+        return out
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
+        st = SamplingTensors.build(rows, self.vocab, self.device)
+        logits = logits.float()
+        if st.bias_index is not None:
+            logits.index_put_(st.bias_index, st.bias_value, accumulate=True)
+        masked = [i for i, r in enumerate(rows) if r.mask is not None]
+        if masked:
+            allow = torch.stack([rows[i].mask for i in masked])
+            logits[masked] = logits[masked].masked_fill(~allow, float("-inf"))
+        apply_penalties(logits, rows, st.penalty_rows)
+        scaled = logits / st.temperature[:, None]
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+        if st.greedy_rows:
+            tokens[st.greedy_rows] = scaled[st.greedy_rows].argmax(dim=-1)
+        if st.temp_rows:
+            sub = scaled[st.temp_rows].double()
+            ids = torch.arange(self.vocab, device=self.device)
+            tokens[st.temp_rows] = (sub + self._noise(st, st.temp_rows, ids)).argmax(dim=-1)
+        if st.filter_rows:
+            tokens[st.filter_rows] = self._sample_filtered(scaled, st)
+        out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
+        if st.logprob_rows:
+            lp = torch.log_softmax(scaled[st.logprob_rows], dim=-1)
+            out.chosen_logprob = lp.gather(1, tokens[st.logprob_rows][:, None])[:, 0]
+            if st.num_logprobs:
+                out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
+        return out
+
+    def _sample_filtered(self, scaled: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        idx = st.filter_rows
+        sub = scaled[idx]
+        k = st.top_k[idx]
+        kmax = int(k.max())
+        if kmax <= BOUNDED_TOP_K:
+            vals, ids = sub.topk(kmax, dim=-1)  # sorted descending
+        else:
+            vals, ids = sub.sort(dim=-1, descending=True)
+        keep = filter_sorted(vals, k, st.top_p[idx], st.min_p[idx])
+        score = (vals.double() + self._noise(st, idx, ids)).masked_fill(~keep, float("-inf"))
+        return ids.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]

@@ -82,6 +82,9 @@ class Engine:
         self._ids = itertools.count()
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
+        # diagnostics: when a list, every sampled logits row is appended as
+        # (request_id, position, float32 logits); tests compare them to a reference
+        self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
 
     def _plan(self) -> MemoryPlan:
         c = self.config
@@ -170,6 +173,9 @@ class Engine:
         rows, owners = self._sampler_rows(prepared.sampled, logits)
         if len(owners) != logits.shape[0]:
             logits = logits[[o[0] for o in owners]]
+        if self.logits_log is not None:
+            for (_, req), row, lg in zip(owners, rows, logits):
+                self.logits_log.append((req.request_id, row.position, lg.detach().cpu().clone()))
         out = self.sampler(logits, rows)
         changed = self.postprocess(batch, owners, out)
         self.last_step = StepStats(batch.num_tokens, len(batch.seqs), time.perf_counter() - t0)

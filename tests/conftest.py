@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random-weight Gemma 3 checkpoints written by transformers itself."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("SWASERVE_NO_PROGRESS", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+TINY_WINDOW = 8
+
+
+def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=window,
+        layer_types=layer_types, max_position_embeddings=512, query_pre_attn_scalar=16,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights so that (1 + w) matters
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+HYBRID = ["sliding_attention", "sliding_attention", "full_attention",
+          "sliding_attention", "full_attention", "sliding_attention"]
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_hybrid")
+    model = write_tiny_gemma3(path, HYBRID)
+    return str(path), model
+
+
+@pytest.fixture(scope="session")
+def tiny_all_sliding(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_sliding")
+    model = write_tiny_gemma3(path, ["sliding_attention"] * 4, seed=1)
+    return str(path), model
+
+
+@pytest.fixture(scope="session")
+def tiny_no_sliding(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_full")
+    model = write_tiny_gemma3(path, ["full_attention"] * 3, seed=2)
+    return str(path), model
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()

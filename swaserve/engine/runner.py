@@ -123,7 +123,8 @@ class ModelRunner:
             kpos = self.cache.window.positions[slots]
             q = qpos[:, None]
             mask = (kpos != EMPTY) & (kpos <= q) & (kpos > q - self.window)
-            sliding = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask.view(b, 1, 1, width))
+            sliding = KeyView(fresh=False, causal=False, key_slots=slots,
+                              mask=mask.view(b, 1, 1, width), ring_rows=rows)
         group = AttnGroup(0, b, 1, full, sliding)
         for view in (full, sliding):
             if view is not None:

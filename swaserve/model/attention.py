@@ -49,6 +49,12 @@ class SDPABackend:
             if view.fresh:
                 kg = k[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
                 vg = v[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
+            elif view.ring_rows is not None:  # whole ring blocks: copy rows, not elements
+                ring = k_buf.shape[0] // self.cache.window.num_rows
+                width = view.key_slots.shape[-1]
+                kg = k_buf.view(-1, ring, *k_buf.shape[1:])[:, :width].index_select(0, view.ring_rows)
+                vg = v_buf.view(-1, ring, *v_buf.shape[1:])[:, :width].index_select(0, view.ring_rows)
+                kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
             else:
                 kg = k_buf[view.key_slots].transpose(1, 2)
                 vg = v_buf[view.key_slots].transpose(1, 2)

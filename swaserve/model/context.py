@@ -19,6 +19,7 @@ class KeyView:
 
     fresh: read the chunk's own new K/V (a prefill starting at position 0), no cache gather.
     key_slots: [B, L] cache slots to gather (None when fresh).
+    ring_rows: [B] when key_slots[b] is the first L slots of ring row b (copied as blocks).
     mask: bool [B, 1, Nq, L] (True = attend), or None with `causal` for plain causal.
     """
 
@@ -26,6 +27,7 @@ class KeyView:
     causal: bool
     key_slots: torch.Tensor | None
     mask: torch.Tensor | None
+    ring_rows: torch.Tensor | None = None  # key_slots are the first L slots of these rings
 
     def check(self, num_queries: int) -> None:
         if self.mask is None:

@@ -28,3 +28,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
+    than a one-row matmul (the batch-1 decode path)."""
+    if x.dim() == 2 and x.shape[0] == 1:
+        return torch.mv(w, x[0])[None]
+    return torch.nn.functional.linear(x, w)

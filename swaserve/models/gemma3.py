@@ -14,7 +14,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, rms_norm, rope_cos_sin
+from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin
 
 # checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
 STACKED = {
@@ -54,17 +54,17 @@ class Gemma3Layer(nn.Module):
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
         t = x.shape[0]
         h = rms_norm(x, self.attn_norm, self.eps)
-        q, k, v = F.linear(h, self.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = linear(h, self.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = rms_norm(q.reshape(t, self.num_heads, self.head_dim), self.q_norm, self.eps)
         k = rms_norm(k.reshape(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = F.linear(attn(self.index, q, k, v, ctx, scale), self.o)
+        o = linear(attn(self.index, q, k, v, ctx, scale), self.o)
         x = x + rms_norm(o, self.post_attn_norm, self.eps)
         h = rms_norm(x, self.ffn_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down)
+        gate, up = linear(h, self.gate_up).chunk(2, dim=-1)
+        h = linear(F.gelu(gate, approximate="tanh") * up, self.down)
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
 
 
@@ -146,7 +146,7 @@ class Gemma3ForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rope_local if layer.sliding else rope_full, ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, cfg.rms_norm_eps)
-        logits = F.linear(x, self.embed if self.lm_head is None else self.lm_head).float()
+        logits = linear(x, self.embed if self.lm_head is None else self.lm_head).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

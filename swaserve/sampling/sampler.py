@@ -93,6 +93,12 @@ class SamplingTensors:
         )
 
 
+def _plain_greedy(r: SamplerRow) -> bool:
+    p = r.params
+    return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
+            and r.mask is None and not _has_penalty(p))
+
+
 def _has_penalty(p: SamplingParams) -> bool:
     return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
 
@@ -174,8 +180,10 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
+        if all(_plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
+            return SamplerOutput(logits.argmax(dim=-1), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)
-        logits = logits.float()
+        logits = logits.float().clone()
         if st.bias_index is not None:
             logits.index_put_(st.bias_index, st.bias_value, accumulate=True)
         masked = [i for i, r in enumerate(rows) if r.mask is not None]

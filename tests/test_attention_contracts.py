@@ -116,7 +116,7 @@ def test_masks_match_positions_and_window(tiny_hybrid):
     eng = make_engine(path, chunk_size=W + 1)
     ring = eng.cache.window.ring
     prompt = random_prompt(5 * W, seed=5)
-    for req, start, n, prepared in _prepare_one(eng, prompt, [3, W - 3, 1, W + 1, W, 2, W + 1]):
+    for _req, start, n, prepared in _prepare_one(eng, prompt, [3, W - 3, 1, W + 1, W, 2, W + 1]):
         [g] = prepared.ctx.groups
         qpos = torch.arange(start, start + n)
         for kind, view in (("full", g.full), ("sliding", g.sliding)):

@@ -1,0 +1,195 @@
+"""DESIGN.md §3: the sampler on fixed logits (exact, fast, no model needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swaserve.sampling import murmur
+from swaserve.sampling.params import SamplingParams
+from swaserve.sampling.sampler import Sampler, SamplerRow
+
+V = 1000
+
+
+def murmur3_ref(blocks: list[int]) -> int:
+    """Pure-Python MurmurHash3 x86_32 over 32-bit blocks, seed 0."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+    h = 0
+    for k in blocks:
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = rotl(k, 15)
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+        h = rotl(h, 13)
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4 * len(blocks)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42, 2**31, 2**63 + 12345])
+def test_hash_matches_reference_bit_for_bit(seed):
+    vocab = 262144
+    toks = torch.tensor([0, 1, vocab // 2, vocab - 1])
+    lo, hi = murmur.split_seed(seed)
+    for pos in (0, 7, 511, 32767):
+        prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([pos]))
+        got = murmur.murmur_hash(prefix, toks)[0].tolist()
+        assert got == [murmur3_ref([lo, hi, pos, t]) for t in toks.tolist()]
+
+
+def test_noise_finite_at_both_ends():
+    g = murmur.gumbel_from_hash(torch.tensor([0xFFFFFFFF, 0, 1, 12345]))
+    assert math.isfinite(g[0].item()) and abs(g[0].item() - 22.18) < 0.01  # u = 1 clamp
+    assert not torch.isnan(g).any() and g[1].item() == float("-inf")  # u = 0: never NaN
+
+
+def row(p: SamplingParams, pos: int = 10, prompt=(1, 2), out=(), seed=None) -> SamplerRow:
+    return SamplerRow(p, seed if seed is not None else p.seed, pos, list(prompt), list(out))
+
+
+def fixed_logits(b: int = 1, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, V, generator=g) * 3
+
+
+def test_greedy_rows_exact_and_consume_no_randomness():
+    s = Sampler(V, torch.device("cpu"), seed=0)
+    logits = fixed_logits(3)
+    out = s(logits.clone(), [row(SamplingParams(temperature=0)) for _ in range(3)])
+    assert torch.equal(out.tokens, logits.argmax(-1))
+    state = s.generator.get_state()
+    mixed = [row(SamplingParams(temperature=0)), row(SamplingParams(temperature=0, logit_bias={5: 100}))]
+    out = s(logits[:2].clone(), mixed)
+    assert out.tokens.tolist() == [logits[0].argmax().item(), 5]
+    assert torch.equal(s.generator.get_state(), state)
+
+
+MIX = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=2),
+       SamplingParams(temperature=0.8, top_p=0.5), SamplingParams(temperature=1.0, min_p=0.2),
+       SamplingParams(temperature=1.0, frequency_penalty=1.0, presence_penalty=0.5,
+                      repetition_penalty=1.3), SamplingParams(temperature=1.0)]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, seed=7),
+                                    SamplingParams(temperature=1.0, top_k=40, seed=7),
+                                    SamplingParams(temperature=1.0, top_p=0.9, seed=7),
+                                    SamplingParams(temperature=1.0, min_p=0.05, seed=7)])
+def test_seeded_row_is_batch_invariant(params):
+    logits = fixed_logits(16, seed=3)
+    mine = logits[0:1]
+    alone = [Sampler(V, torch.device("cpu"), seed=s)(mine.clone(), [row(params, pos=p)]).tokens.item()
+             for s, p in ((0, 10), (1, 10))]
+    assert alone[0] == alone[1]  # across runs and engine seeds
+    for pos_in_batch in (0, 5, 15):
+        batch = logits.clone()
+        batch[pos_in_batch] = mine[0]
+        rows = [row(MIX[i % len(MIX)], pos=10 + i, out=(3, 4)) for i in range(16)]
+        rows[pos_in_batch] = row(params, pos=10)
+        got = Sampler(V, torch.device("cpu"), seed=99)(batch, rows).tokens[pos_in_batch].item()
+        assert got == alone[0]
+    # a batchmate with top_k > 1024 sends every filtering row down the full-vocabulary path
+    wide = [row(params, pos=10), row(SamplingParams(temperature=1.0, top_k=2000, top_p=0.99))]
+    both = torch.cat([mine, logits[1:2]])
+    assert Sampler(V, torch.device("cpu"))(both, wide).tokens[0].item() == alone[0]
+
+
+def _empirical(params: SamplingParams, logits: torch.Tensor, n: int) -> torch.Tensor:
+    s = Sampler(V, torch.device("cpu"))
+    rows = [row(params, pos=i, seed=i) for i in range(n)]
+    toks = s(logits.expand(n, V).clone(), rows).tokens
+    return torch.bincount(toks, minlength=V).double()
+
+
+def _expected(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float):
+    x = logits[0].double() / temperature
+    order = torch.argsort(x, descending=True)
+    p = torch.softmax(x, -1)
+    keep = torch.zeros(V, dtype=torch.bool)
+    keep[order[:top_k]] = True
+    pk = torch.where(keep, p, 0)
+    pk = pk / pk.sum()
+    cum = 0.0
+    for t in order.tolist():
+        if not keep[t]:
+            continue
+        if cum >= top_p:
+            keep[t] = False
+        cum += pk[t].item()
+    pk = torch.where(keep, pk, 0)
+    keep &= pk >= min_p * pk.max()
+    q = torch.where(keep, p, 0)
+    return q / q.sum(), keep
+
+
+@pytest.mark.parametrize("t,k,p,m", [(1.0, V, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.0, V, 0.6, 0.0),
+                                     (1.0, V, 1.0, 0.1), (1.3, 20, 0.8, 0.02)])
+def test_filtered_sampling_matches_renormalised_distribution(t, k, p, m):
+    # distinct values (no ties at a filter boundary) with a heavy tail, so top-p cuts deep
+    head = torch.tensor([4.0, 3.5, 3.0, 2.0, 1.5, 1.0, 0.5])
+    logits = torch.cat([head, -1.0 - 0.004 * torch.arange(V - 7)])[None, :]
+    n = 20000
+    counts = _empirical(SamplingParams(temperature=t, top_k=k if k < V else -1, top_p=p, min_p=m),
+                        logits, n)
+    q, keep = _expected(logits, t, k, p, m)
+    assert counts[~keep].sum() == 0  # nothing outside the filter, ever
+    exp = q * n
+    big = exp > 5
+    chi2 = (((counts - exp) ** 2) / exp.clamp_min(1e-12))[big].sum().item()
+    dof = int(big.sum()) - 1
+    # fixed seeds make this deterministic; the bound is the chi-square 0.999 quantile, approx.
+    assert chi2 < dof + 3.1 * math.sqrt(2 * dof) + 10, (chi2, dof)
+
+
+def test_penalties_and_bias_exactly_as_specified():
+    s = Sampler(V, torch.device("cpu"))
+    logits = fixed_logits(1, seed=5)
+    p = SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.25,
+                       repetition_penalty=1.5, logit_bias={7: 2.0}, logprobs=0)
+    out_ids, prompt = [3, 3, 9], [9, 11]
+    out = s(logits.clone(), [row(p, prompt=prompt, out=out_ids)])
+    ref = logits[0].clone()
+    ref[7] += 2.0
+    for t in {3, 9, 11}:
+        ref[t] = ref[t] / 1.5 if ref[t] > 0 else ref[t] * 1.5
+    ref[3] -= 0.5 * 2 + 0.25
+    ref[9] -= 0.5 * 1 + 0.25
+    assert out.tokens.item() == ref.argmax().item()
+    lp = torch.log_softmax(ref, -1)
+    assert abs(out.chosen_logprob.item() - lp[out.tokens.item()].item()) < 1e-5
+
+
+def test_logprobs_equal_log_softmax_of_scaled_logits():
+    s = Sampler(V, torch.device("cpu"))
+    logits = fixed_logits(2, seed=8)
+    out = s(logits.clone(), [row(SamplingParams(temperature=0.5, top_k=3, logprobs=5, seed=1)),
+                             row(SamplingParams(temperature=0, logprobs=2))])
+    lp0 = torch.log_softmax(logits[0] / 0.5, -1)
+    vals, ids = lp0.topk(5)
+    assert torch.allclose(out.top_logprobs[0], vals, atol=1e-5)
+    assert torch.equal(out.top_ids[0], ids)
+    assert abs(out.chosen_logprob[0].item() - lp0[out.tokens[0]].item()) < 1e-5
+
+
+@pytest.mark.parametrize("kw,name", [
+    ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"min_p": 1.0}, "min_p"), ({"min_p": -0.1}, "min_p"),
+    ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 21}, "logprobs"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"frequency_penalty": 3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"seed": "a"}, "seed"),
+    ({"stop": [""]}, "stop"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens")])
+def test_invalid_parameters_name_themselves(kw, name):
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        SamplingParams(**kw)
+
+
+def test_unknown_token_in_logit_bias_rejected():
+    with pytest.raises(ValueError, match="^logit_bias: unknown token id 5000"):
+        SamplingParams(logit_bias={5000: 1.0}).validate(vocab_size=V)

@@ -200,4 +200,4 @@ def _budget_for_pages(path, pages, page_size, rows=8, chunk=16):
 
     layout = resolve_model(path).model_config().cache_layout()
     ring = layout.ring_size(chunk, page_size)
-    return rows * fixed_bytes_per_row(layout, ring, 4) + pages * page_size * full_bytes_per_token(layout, 4)
+    return rows * fixed_bytes_per_row(layout, ring, 4, 512) + pages * page_size * full_bytes_per_token(layout, 4)

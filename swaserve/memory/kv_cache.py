@@ -22,7 +22,8 @@ class KVCache:
         self.layout = layout
         self.plan = plan
         self.page_size = plan.page_size
-        self.rows = RequestRows(plan.num_rows, max_model_len, device)
+        # the req-to-token table maps positions to full-pool slots: none without full layers
+        self.rows = RequestRows(plan.num_rows, max_model_len if layout.full_layers else 1, device)
         self.full: FullKVPool | None = None
         self.window: WindowPool | None = None
         if layout.full_layers:
@@ -120,7 +121,8 @@ class KVCache:
 
     # -- accounting ----------------------------------------------------------------------
     def nbytes(self) -> int:
-        total = self.rows.req_to_token.numel() * 8
+        """Bytes of every pool tensor this cache allocated (the planner's `used_bytes`)."""
+        total = self.rows.req_to_token.numel() * 8 if self.full is not None else 0
         if self.full is not None:
             total += self.full.nbytes()
         if self.window is not None:

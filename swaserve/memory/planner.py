@@ -52,11 +52,15 @@ def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
     return sum(s.kv_bytes_per_token(dtype_bytes) for s in layout.layers if s.kind is LayerKind.SLIDING)
 
 
-def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int) -> int:
+def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
+                        max_model_len: int = 0) -> int:
+    """What one request row prepays: its rings, the ring slots' recorded positions (int64,
+    shared by all sliding layers), per-request layer state, and (with `max_model_len`) its
+    req-to-token row of int64 full-pool slots."""
     state = sum(s.fixed_state_bytes for s in layout.layers)
-    # positions of the ring: one int64 per slot, shared by all sliding layers
     positions = 8 * ring if ring else 0
-    return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions
+    table = 8 * max_model_len if layout.full_layers else 0
+    return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions + table
 
 
 def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
@@ -65,7 +69,7 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     """Size the pools for `budget_bytes`. Raises ValueError when the budget cannot hold one
     request row plus one page of full KV."""
     ring = layout.ring_size(chunk_size, page_size)
-    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes)
+    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len)
     per_token = full_bytes_per_token(layout, dtype_bytes)
     page_bytes = per_token * page_size
     if max_running_requests is None:

@@ -175,7 +175,7 @@ class Engine:
             logits = logits[[o[0] for o in owners]]
         if self.logits_log is not None:
             for (_, req), row, lg in zip(owners, rows, logits):
-                self.logits_log.append((req.request_id, row.position, lg.detach().cpu().clone()))
+                self.logits_log.append((req.request_id, row.position, lg.detach().float().cpu()))
         out = self.sampler(logits, rows)
         changed = self.postprocess(batch, owners, out)
         self.last_step = StepStats(batch.num_tokens, len(batch.seqs), time.perf_counter() - t0)

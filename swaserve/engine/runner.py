@@ -65,7 +65,8 @@ class ModelRunner:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
     def prepare(self, batch: Batch) -> PreparedBatch:
-        decodes = [s for s in batch.seqs if s.num_tokens == 1]
+        # decode rows in row order: consecutive rows read their rings as one strided view
+        decodes = sorted((s for s in batch.seqs if s.num_tokens == 1), key=lambda s: s.request.row)
         prefills = [s for s in batch.seqs if s.num_tokens > 1]
         order = decodes + prefills
         ids: list[int] = []
@@ -123,8 +124,10 @@ class ModelRunner:
             kpos = self.cache.window.positions[slots]
             q = qpos[:, None]
             mask = (kpos != EMPTY) & (kpos <= q) & (kpos > q - self.window)
+            row_ids = [s.request.row for s in seqs]
+            first = row_ids[0] if row_ids == list(range(row_ids[0], row_ids[0] + b)) else None
             sliding = KeyView(fresh=False, causal=False, key_slots=slots,
-                              mask=mask.view(b, 1, 1, width), ring_rows=rows)
+                              mask=mask.view(b, 1, 1, width), ring_rows=rows, first_row=first)
         group = AttnGroup(0, b, 1, full, sliding)
         for view in (full, sliding):
             if view is not None:

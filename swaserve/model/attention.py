@@ -52,8 +52,11 @@ class SDPABackend:
             elif view.ring_rows is not None:  # whole ring blocks: copy rows, not elements
                 ring = k_buf.shape[0] // self.cache.window.num_rows
                 width = view.key_slots.shape[-1]
-                kg = k_buf.view(-1, ring, *k_buf.shape[1:])[:, :width].index_select(0, view.ring_rows)
-                vg = v_buf.view(-1, ring, *v_buf.shape[1:])[:, :width].index_select(0, view.ring_rows)
+                kv = [b.view(-1, ring, *b.shape[1:])[:, :width] for b in (k_buf, v_buf)]
+                if view.first_row is not None:  # consecutive rows: a strided view, no copy
+                    kg, vg = (t[view.first_row:view.first_row + g.batch] for t in kv)
+                else:
+                    kg, vg = (t.index_select(0, view.ring_rows) for t in kv)
                 kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
             else:
                 kg = k_buf[view.key_slots].transpose(1, 2)

@@ -28,6 +28,7 @@ class KeyView:
     key_slots: torch.Tensor | None
     mask: torch.Tensor | None
     ring_rows: torch.Tensor | None = None  # key_slots are the first L slots of these rings
+    first_row: int | None = None  # ring_rows are first_row, first_row + 1, ... (no copy needed)
 
     def check(self, num_queries: int) -> None:
         if self.mask is None:

@@ -135,7 +135,9 @@ class Gemma3ForCausalLM(nn.Module):
         return sum(sizes[:shard]), sizes[shard]
 
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
-        """Logits [S, V] (float32) for the flattened batch rows `ctx.logits_indices`."""
+        """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
+        the sampler widens them to float32 only where it edits or samples (a greedy batch
+        takes the argmax of the bf16 values, which is the argmax of their float32 copies)."""
         cfg = self.cfg
         dtype = self.embed.dtype
         x = F.embedding(ctx.input_ids, self.embed) * torch.tensor(
@@ -146,8 +148,9 @@ class Gemma3ForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rope_local if layer.sliding else rope_full, ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, cfg.rms_norm_eps)
-        logits = linear(x, self.embed if self.lm_head is None else self.lm_head).float()
+        logits = linear(x, self.embed if self.lm_head is None else self.lm_head)
         if cfg.final_logit_softcapping:
+            logits = logits.float()
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits

@@ -93,6 +93,11 @@ class SamplingTensors:
         )
 
 
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """First index of the maximum per row; `max` is ~3x faster than `argmax` on CPU."""
+    return x.max(dim=-1).indices
+
+
 def _plain_greedy(r: SamplerRow) -> bool:
     p = r.params
     return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
@@ -181,7 +186,7 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
         if all(_plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
-            return SamplerOutput(logits.argmax(dim=-1), None, None, None, [])
+            return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)
         logits = logits.float().clone()
         if st.bias_index is not None:
@@ -194,7 +199,7 @@ class Sampler:
         scaled = logits / st.temperature[:, None]
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
         if st.greedy_rows:
-            tokens[st.greedy_rows] = scaled[st.greedy_rows].argmax(dim=-1)
+            tokens[st.greedy_rows] = _argmax(scaled[st.greedy_rows])
         if st.temp_rows:
             sub = scaled[st.temp_rows].double()
             ids = torch.arange(self.vocab, device=self.device)

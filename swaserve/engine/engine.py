@@ -38,6 +38,8 @@ class StepStats:
     num_tokens: int
     num_seqs: int
     seconds: float
+    forward_seconds: float
+    sample_seconds: float  # exact on CPU, where kernels run synchronously
 
 
 class Engine:
@@ -169,7 +171,9 @@ class Engine:
             self.last_step = None
             return []
         prepared = self.runner.prepare(batch)
+        t1 = time.perf_counter()
         logits = self.runner.forward(prepared)
+        t2 = time.perf_counter()
         rows, owners = self._sampler_rows(prepared.sampled, logits)
         if len(owners) != logits.shape[0]:
             logits = logits[[o[0] for o in owners]]
@@ -177,8 +181,10 @@ class Engine:
             for (_, req), row, lg in zip(owners, rows, logits):
                 self.logits_log.append((req.request_id, row.position, lg.detach().float().cpu()))
         out = self.sampler(logits, rows)
+        t3 = time.perf_counter()
         changed = self.postprocess(batch, owners, out)
-        self.last_step = StepStats(batch.num_tokens, len(batch.seqs), time.perf_counter() - t0)
+        self.last_step = StepStats(batch.num_tokens, len(batch.seqs), time.perf_counter() - t0,
+                                   t2 - t1, t3 - t2)
         return changed
 
     def _sampler_rows(self, sampled: list[ScheduledSeq], logits: torch.Tensor

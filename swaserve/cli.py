@@ -25,8 +25,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     for f in EngineConfig.fields():
         flag = "--" + f.name.replace("_", "-")
-        g.add_argument(flag, dest=f.name, type=_field_type(f), default=f.default,
-                       help=f.metadata.get("help", ""))
+        kind = _field_type(f)
+        if kind is bool:  # --prefix-cache / --no-prefix-cache
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=f.default, help=f.metadata.get("help", ""))
+        else:
+            g.add_argument(flag, dest=f.name, type=kind, default=f.default,
+                           help=f.metadata.get("help", ""))
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

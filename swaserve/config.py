@@ -62,6 +62,10 @@ class EngineConfig:
         "help": "KV cache budget, e.g. 2GiB (default 1GiB unless --mem-fraction is given)"})
     mem_fraction: float | None = field(default=None, metadata={
         "help": "KV budget as a fraction of free memory after weights and activations"})
+    prefix_cache: bool = field(default=True, metadata={"help": "share the KV of cached prompt prefixes"})
+    window_cache_memory: str | None = field(default=None, metadata={
+        "help": "prefix cache budget for sliding-layer KV of cached tokens, inside kv_memory "
+                "(default: a fifth of it)"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
 
@@ -79,6 +83,8 @@ class EngineConfig:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
         if self.kv_memory is not None:
             parse_bytes(self.kv_memory)
+        if self.window_cache_memory is not None:
+            parse_bytes(self.window_cache_memory)
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction!r}")
 

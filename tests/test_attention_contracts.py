@@ -183,7 +183,8 @@ def test_retraction_under_tiny_full_pool_completes_with_same_output(tiny_hybrid)
     roomy = LLM(path, dtype="float32", kv_memory="64MiB", max_running_requests=8)
     want = [o.token_ids for o in roomy.generate(prompts, params)]
     # each request needs <= 7 pages of 8 tokens; the pool holds 12 pages for 8 rows
-    tiny = make_engine(path, max_running_requests=8, page_size=8, chunk_size=16, kv_memory=_budget_for_pages(path, 12, 8))
+    tiny = make_engine(path, max_running_requests=8, page_size=8, chunk_size=16, prefix_cache=False,
+                       kv_memory=_budget_for_pages(path, 12, 8))
     assert tiny.cache.num_total_pages == 12
     reqs = [tiny.add_request(p, params)[0] for p in prompts]
     while tiny.has_unfinished():

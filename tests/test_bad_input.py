@@ -71,7 +71,7 @@ def test_prompt_errors_name_the_problem(tiny_hybrid):
 def test_never_fitting_request_fails_at_once(tiny_hybrid):
     path, _ = tiny_hybrid
     llm = LLM(path, dtype="float32", kv_memory=60_000, max_running_requests=2, page_size=8,
-              chunk_size=16)
+              chunk_size=16, prefix_cache=False)
     cap = llm.engine.cache.num_total_pages * 8
     with pytest.raises(ValueError, match="full-KV pages"):
         llm.generate([random_prompt(cap + 1, 3)], SamplingParams(max_tokens=4))

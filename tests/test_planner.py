@@ -123,7 +123,7 @@ def test_admission_boundary_and_no_double_charge(tiny_hybrid):
     ring = lay.ring_size(16, 8)
     budget = 2 * fixed_bytes_per_row(lay, ring, 4, 512) + 2 * 8 * full_bytes_per_token(lay, 4)
     llm = LLM(path, dtype="float32", kv_memory=budget, max_running_requests=2, page_size=8,
-              chunk_size=16)
+              chunk_size=16, prefix_cache=False)
     eng = llm.engine
     assert eng.cache.num_total_pages == 2
     eng.add_request(random_prompt(15, 1), SamplingParams(temperature=0, max_tokens=1))

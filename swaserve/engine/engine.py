@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.config import EngineConfig
+from swaserve.config import EngineConfig, parse_bytes
 from swaserve.engine.detokenizer import IncrementalDetokenizer
 from swaserve.engine.request import FinishReason, Request, RequestStatus
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner, build_model
@@ -69,7 +69,8 @@ class Engine:
         self.layout = cfg.cache_layout()
         self.plan = self._plan()
         log.info(self.plan.describe())
-        self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device)
+        self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
+                             prefix_cache=config.prefix_cache)
         self.runner = ModelRunner(self.model, cfg, self.cache, self.device)
         self.scheduler = Scheduler(self.cache, config.chunk_size)
         self.vocab_size = cfg.vocab_size
@@ -94,10 +95,16 @@ class Engine:
         budget = c.kv_memory_bytes
         if budget is None and c.mem_fraction is not None:
             budget = int(_free_memory_bytes(self.device) * c.mem_fraction)
-        return plan_memory(self.layout, budget or DEFAULT_KV_MEMORY, dtype_bytes,
+        budget = budget or DEFAULT_KV_MEMORY
+        window_cache = 0
+        if c.prefix_cache and self.layout.sliding_layers:
+            window_cache = (parse_bytes(c.window_cache_memory) if c.window_cache_memory
+                            else budget // 5)
+        return plan_memory(self.layout, budget, dtype_bytes,
                            chunk_size=c.chunk_size, page_size=c.page_size,
                            max_model_len=self.max_model_len,
-                           max_running_requests=c.max_running_requests)
+                           max_running_requests=c.max_running_requests,
+                           window_cache_bytes=window_cache)
 
     # -- requests --------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -231,6 +238,8 @@ class Engine:
         for j, ((_, req), tok) in enumerate(zip(owners, tokens)):
             if req.is_finished:
                 continue
+            if not req.output_token_ids and req.row is not None:
+                self.scheduler.on_prompt_done(req)
             req.output_token_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now

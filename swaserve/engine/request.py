@@ -45,6 +45,7 @@ class Request:
     first_token_time: float | None = None
     output_text: str = ""
     logprobs: list[dict[int, float]] | None = None
+    cache_node: object | None = None  # prefix-cache node this request locks (its prefix)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -85,6 +85,16 @@ class ModelRunner:
             ring_slots = rows_t * self.cache.window.ring + positions % self.cache.window.ring
             # record positions first: every sliding layer writes these slots before it reads
             self.cache.window.positions[ring_slots] = positions
+        window_write = None
+        if self.cache.window_pages is not None:
+            idx, wslots, offset = [], [], 0
+            for s in order:
+                offs, sl = self.cache.window_write_slots(s.request.row, s.start, s.num_tokens)
+                idx.extend(offset + o for o in offs)
+                wslots.extend(sl)
+                offset += s.num_tokens
+            if idx:
+                window_write = (self._t(idx), self._t(wslots))
         groups: list[AttnGroup] = []
         if decodes:
             groups.append(self._decode_group(decodes))
@@ -100,7 +110,7 @@ class ModelRunner:
                 sampled.append(s)
                 logit_rows.append(offset - 1)
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
-                             self._t(logit_rows))
+                             self._t(logit_rows), window_write)
         return PreparedBatch(ctx, sampled)
 
     def _decode_group(self, seqs: list[ScheduledSeq]) -> AttnGroup:

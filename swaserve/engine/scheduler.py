@@ -67,11 +67,34 @@ class Scheduler:
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         if req.status is RequestStatus.RUNNING:
+            if reason is not FinishReason.ABORT:  # prompt + output become a cached prefix
+                self._cache_prefix(req, req.tokens(0, req.num_computed_tokens))
+            self._unlock(req)
             self.running.remove(req)
             self.cache.free_row(req.row)
             req.row = None
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def on_prompt_done(self, req: Request) -> None:
+        """The prompt is computed: cache it now, so that requests sharing it (n siblings, the
+        next turn of a chat) hit while this one still decodes."""
+        self._cache_prefix(req, req.prompt_token_ids)
+
+    def _cache_prefix(self, req: Request, tokens: list[int]) -> None:
+        prefix = self.cache.prefix
+        if prefix is None or req.row is None or len(tokens) < self.cache.page_size:
+            return
+        node = self.cache.cache_tokens(req.row, tokens)
+        prefix.lock(node, +1)
+        self._unlock(req)
+        req.cache_node = node
+
+    def _unlock(self, req: Request) -> None:
+        if req.cache_node is not None:
+            self.cache.prefix.lock(req.cache_node, -1)
+            req.cache_node = None
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self) -> Batch:
@@ -95,15 +118,29 @@ class Scheduler:
             req = self.waiting[0]
             if self.cache.rows.num_free == 0:
                 break
-            n = min(req.num_uncomputed_tokens, budget)
+            # a prefix-cache hit: its pages are shared, not charged; at least one token is
+            # computed so that there are logits to sample from
+            hit = self.cache.match_prefix(req.tokens(0, req.num_tokens - 1))
+            start = hit.num_tokens if hit is not None else 0
+            n = min(req.num_tokens - start, budget)
             # charge the tokens written now plus the first decode token after the prompt
-            need = self.cache.pages_needed(None, min(n + 1, req.max_total_tokens))
+            need = self.cache.pages_needed(None, min(start + n + 1, req.max_total_tokens))
+            need -= start // self.cache.page_size
+            if hit is not None:
+                self.cache.prefix.lock(hit.node, +1)  # eviction must not take it from us
             if not self.cache.can_fit(need):
+                if hit is not None:
+                    self.cache.prefix.lock(hit.node, -1)
                 break
             self.waiting.popleft()
             req.row = self.cache.alloc_row()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if hit is not None:
+                self.cache.restore(req.row, hit)
+                req.cache_node = hit.node
+                req.num_computed_tokens = start
+                req.num_cached_tokens = max(req.num_cached_tokens, start)
             self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
@@ -124,6 +161,7 @@ class Scheduler:
         return True
 
     def _retract(self, req: Request) -> None:
+        self._unlock(req)
         self.running.remove(req)
         self.cache.free_row(req.row)
         req.row = None

@@ -1,6 +1,10 @@
-"""KVCache: the one owner of request rows, the full pool and the window pool.
+"""KVCache: the one owner of request rows, the full pool, the window pool and the prefix
+cache (with its window pages). The scheduler asks it for rows and pages; the model runner
+reads its address schemes.
 
-The scheduler asks it for rows and pages; the model runner reads its address schemes.
+Per row it keeps, in position order, the full-pool pages (`row_pages`) and the window
+pages (`row_window_pages`, None where the pool had none to give) that the row writes
+through to; both are ref-counted, so rows and the prefix tree share them freely.
 """
 
 from __future__ import annotations
@@ -12,16 +16,18 @@ import torch
 from swaserve.memory.full_pool import FullKVPool
 from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
+from swaserve.memory.prefix_cache import Match, PrefixCache, WindowPagePool
 from swaserve.memory.rows import RequestRows
 from swaserve.memory.window_pool import WindowPool
 
 
 class KVCache:
     def __init__(self, layout: CacheLayout, plan: MemoryPlan, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False):
         self.layout = layout
         self.plan = plan
         self.page_size = plan.page_size
+        self.device = device
         # the req-to-token table maps positions to full-pool slots: none without full layers
         self.rows = RequestRows(plan.num_rows, max_model_len if layout.full_layers else 1, device)
         self.full: FullKVPool | None = None
@@ -31,10 +37,19 @@ class KVCache:
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
-        # page lists per row, in position order
+        self.window_pages: WindowPagePool | None = None
+        self.prefix: PrefixCache | None = None
+        if prefix_cache:
+            if layout.sliding_layers and plan.window_cache_pages:
+                self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
+                                                   dtype, device)
+            if not layout.sliding_layers or self.window_pages is not None:
+                self.prefix = PrefixCache(
+                    plan.page_size, layout.max_window, self.full is not None,
+                    bool(layout.sliding_layers),
+                    self.full.allocator if self.full is not None else None, self.window_pages)
         self.row_pages: dict[int, list[int]] = {}
-        # references held outside the rows (the prefix cache), page -> count
-        self.external_refs: Counter[int] = Counter()
+        self.row_window_pages: dict[int, list[int | None]] = {}
 
     # -- rows ----------------------------------------------------------------------------
     def alloc_row(self) -> int | None:
@@ -42,12 +57,16 @@ class KVCache:
         if got is None:
             return None
         self.row_pages[got[0]] = []
+        self.row_window_pages[got[0]] = []
         return got[0]
 
     def free_row(self, row: int) -> None:
         pages = self.row_pages.pop(row)
         if self.full is not None:
             self.full.allocator.decref(pages)
+        wpages = [w for w in self.row_window_pages.pop(row) if w is not None]
+        if wpages:
+            self.window_pages.allocator.decref(wpages)
         self.rows.free(row)
 
     # -- full-pool pages -----------------------------------------------------------------
@@ -67,27 +86,59 @@ class KVCache:
         return self.full.allocator.num_pages if self.full is not None else 0
 
     def can_fit(self, pages: int) -> bool:
+        """`pages` full-pool pages are free, evicting unused cached prefixes if need be."""
+        if pages <= self.num_free_pages:
+            return True
+        if self.prefix is not None:
+            self.prefix.evict(full_pages=pages)
         return pages <= self.num_free_pages
 
-    def ensure_slots(self, row: int, num_tokens: int) -> bool:
-        """Give `row` full-pool slots for positions [0, num_tokens). False if pages ran out."""
-        if self.full is None:
-            return True
-        need = self.pages_needed(row, num_tokens)
-        if need == 0:
-            return True
-        new = self.full.allocator.alloc(need)
-        if new is None:
-            return False
-        pages = self.row_pages[row]
-        start = len(pages) * self.page_size
-        pages.extend(new)
-        p = torch.tensor(new, dtype=torch.int64)
-        slots = (p[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
+    def _set_slots(self, row: int, start_page: int, pages: list[int]) -> None:
+        p = self.page_size
+        t = torch.tensor(pages, dtype=torch.int64)
+        slots = (t[:, None] * p + torch.arange(p)).flatten()
+        start = start_page * p
         end = min(start + slots.numel(), self.rows.max_len)
         self.rows.req_to_token[row, start:end] = slots[: end - start].to(self.rows.req_to_token.device)
+
+    def ensure_slots(self, row: int, num_tokens: int) -> bool:
+        """Give `row` full-pool slots (and, with the prefix cache, window pages to write
+        through to) for positions [0, num_tokens). False if full pages ran out."""
+        if self.full is not None:
+            need = self.pages_needed(row, num_tokens)
+            if need:
+                new = self.full.allocator.alloc(need)
+                if new is None:
+                    return False
+                self._set_slots(row, len(self.row_pages[row]), new)
+                self.row_pages[row].extend(new)
+        if self.window_pages is not None:
+            wp = self.row_window_pages[row]
+            need = -(-num_tokens // self.page_size) - len(wp)
+            if need > 0:
+                alloc = self.window_pages.allocator
+                if alloc.num_free < need:
+                    self.prefix.evict(window_pages=need)
+                got = alloc.alloc(min(need, alloc.num_free)) or []
+                wp.extend(got + [None] * (need - len(got)))
         return True
 
+    def window_write_slots(self, row: int, start: int, n: int) -> tuple[list[int], list[int]]:
+        """(offsets within [start, start + n), window-page slots) for the positions of a row
+        that have a window page to write through to."""
+        if self.window_pages is None:
+            return [], []
+        p = self.page_size
+        wp = self.row_window_pages[row]
+        offs, slots = [], []
+        for pos in range(start, start + n):
+            w = wp[pos // p]
+            if w is not None:
+                offs.append(pos - start)
+                slots.append(w * p + pos % p)
+        return offs, slots
+
+    # -- sharing -----------------------------------------------------------------------------
     def fork_row(self, src: int, num_tokens: int) -> int | None:
         """A new row holding the same first `num_tokens` tokens as `src`: whole full-pool
         pages are shared (ref-counted), the partly filled last page is copied (both rows
@@ -95,9 +146,9 @@ class KVCache:
         row = self.alloc_row()
         if row is None:
             return None
+        p = self.page_size
+        whole, partial = divmod(num_tokens, p)
         if self.full is not None:
-            p = self.page_size
-            whole, partial = divmod(num_tokens, p)
             shared = self.row_pages[src][:whole]
             pages = list(shared)
             if partial:
@@ -114,10 +165,52 @@ class KVCache:
             r2t = self.rows.req_to_token
             r2t[row, :whole * p] = r2t[src, :whole * p]
             if partial:
-                r2t[row, whole * p:(whole + 1) * p] = pages[-1] * p + torch.arange(p, device=r2t.device)
+                self._set_slots(row, whole, pages[-1:])
+        if self.window_pages is not None:  # whole pages are final: share them
+            shared_w = self.row_window_pages[src][:whole]
+            self.window_pages.allocator.incref([w for w in shared_w if w is not None])
+            self.row_window_pages[row] = list(shared_w)
         if self.window is not None:
             self.window.copy_row(src, row)
         return row
+
+    def match_prefix(self, tokens: list[int]) -> Match | None:
+        if self.prefix is None:
+            return None
+        self.prefix.query_tokens += len(tokens)
+        m = self.prefix.match(tokens)
+        return m if m.num_tokens else None
+
+    def restore(self, row: int, m: Match) -> None:
+        """Start `row` from a cache hit: share the hit's full pages and window pages, and copy
+        the sliding KV of the W positions before the hit point into the row's ring."""
+        n_pages = m.num_tokens // self.page_size
+        if self.full is not None:
+            self.full.allocator.incref(m.full_pages)
+            self.row_pages[row] = list(m.full_pages)
+            self._set_slots(row, 0, m.full_pages)
+        if self.window_pages is not None:
+            self.window_pages.allocator.incref([w for w in m.window_pages if w is not None])
+            self.row_window_pages[row] = list(m.window_pages[:n_pages])
+        if self.window is not None:
+            p, ring = self.page_size, self.window.ring
+            lo = max(0, m.num_tokens - self.window.window)
+            pos = torch.arange(lo, m.num_tokens)
+            wp = torch.tensor([m.window_pages[i // p] for i in range(lo, m.num_tokens)],
+                              dtype=torch.int64)
+            src = (wp * p + pos % p).to(self.window.positions.device)
+            dst = (row * ring + pos % ring).to(self.window.positions.device)
+            for d in range(len(self.window.k)):
+                self.window.k[d][dst] = self.window_pages.k[d][src]
+                self.window.v[d][dst] = self.window_pages.v[d][src]
+            self.window.positions[dst] = pos.to(self.window.positions.device)
+        self.prefix.hit_tokens += m.num_tokens
+
+    def cache_tokens(self, row: int, tokens: list[int]):
+        """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree."""
+        n = len(tokens) // self.page_size
+        return self.prefix.insert(tokens[:n * self.page_size], self.row_pages[row][:n],
+                                  self.row_window_pages[row][:n])
 
     # -- accounting ----------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -127,19 +220,44 @@ class KVCache:
             total += self.full.nbytes()
         if self.window is not None:
             total += self.window.nbytes() + self.window.positions.numel() * 8
+        if self.window_pages is not None:
+            total += self.window_pages.nbytes()
         return total
 
     def is_fully_free(self) -> bool:
-        full_free = self.full is None or self.full.allocator.num_free == self.full.allocator.num_pages
-        return full_free and self.rows.num_free == self.rows.num_rows
+        """No row is in use and every page still allocated belongs to the prefix cache only
+        (`evict_all` then returns the pools to fully free)."""
+        if self.rows.num_free != self.rows.num_rows:
+            return False
+        held_full, held_win = self.prefix.references() if self.prefix is not None else ({}, {})
+        if self.full is not None:
+            used = self.full.allocator.num_pages - self.full.allocator.num_free
+            if used != len(held_full):
+                return False
+        if self.window_pages is not None:
+            a = self.window_pages.allocator
+            if a.num_pages - a.num_free != len(held_win):
+                return False
+        return True
+
+    def evict_all(self) -> None:
+        if self.prefix is not None:
+            self.prefix.evict_all()
 
     def check_integrity(self) -> None:
         self.rows.check_integrity()
+        held_full, held_win = self.prefix.references() if self.prefix is not None else ({}, {})
         if self.full is not None:
             self.full.check_integrity()
             refs = Counter(p for pages in self.row_pages.values() for p in pages)
             for page, count in enumerate(self.full.allocator.refcount):
-                if count != refs.get(page, 0) + self.external_refs.get(page, 0):
-                    raise AssertionError(
-                        f"full pool: page {page} has refcount {count} but {refs.get(page, 0)} "
-                        f"row references")
+                if count != refs.get(page, 0) + held_full.get(page, 0):
+                    raise AssertionError(f"full pool: page {page} has refcount {count} but "
+                                         f"{refs.get(page, 0)} row and {held_full.get(page, 0)} "
+                                         "cache references")
+        if self.window_pages is not None:
+            self.window_pages.allocator.check_integrity()
+            refs = Counter(w for ws in self.row_window_pages.values() for w in ws if w is not None)
+            for page, count in enumerate(self.window_pages.allocator.refcount):
+                if count != refs.get(page, 0) + held_win.get(page, 0):
+                    raise AssertionError(f"window pages: page {page} has refcount {count}")

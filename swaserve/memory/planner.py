@@ -26,6 +26,8 @@ class MemoryPlan:
     full_pool_pages: int  # 0: no full pool
     full_bytes_per_token: int
     fixed_bytes_per_row: int
+    window_cache_pages: int = 0  # prefix cache: sliding-layer KV pages of cached tokens
+    window_bytes_per_token: int = 0
 
     @property
     def full_pool_tokens(self) -> int:
@@ -33,15 +35,17 @@ class MemoryPlan:
 
     @property
     def used_bytes(self) -> int:
-        return self.num_rows * self.fixed_bytes_per_row + self.full_pool_tokens * self.full_bytes_per_token
+        return (self.num_rows * self.fixed_bytes_per_row
+                + self.full_pool_tokens * self.full_bytes_per_token
+                + self.window_cache_pages * self.page_size * self.window_bytes_per_token)
 
     def describe(self) -> str:
         gib = 1024**3
         return (f"KV plan: budget {self.budget_bytes / gib:.2f} GiB -> {self.num_rows} request rows "
                 f"(ring {self.ring} slots, {self.fixed_bytes_per_row / 2**20:.1f} MiB each), "
                 f"full pool {self.full_pool_tokens} tokens in {self.full_pool_pages} pages of "
-                f"{self.page_size} ({self.full_bytes_per_token} B/token); "
-                f"uses {self.used_bytes / gib:.3f} GiB")
+                f"{self.page_size} ({self.full_bytes_per_token} B/token), prefix-cache window "
+                f"pages {self.window_cache_pages}; uses {self.used_bytes / gib:.3f} GiB")
 
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -64,10 +68,14 @@ def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
 
 
 def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
-                page_size: int, max_model_len: int, max_running_requests: int | None = None
-                ) -> MemoryPlan:
-    """Size the pools for `budget_bytes`. Raises ValueError when the budget cannot hold one
-    request row plus one page of full KV."""
+                page_size: int, max_model_len: int, max_running_requests: int | None = None,
+                window_cache_bytes: int = 0) -> MemoryPlan:
+    """Size the pools for `budget_bytes`, of which `window_cache_bytes` go to the prefix
+    cache's window pages. Raises ValueError when the budget cannot hold one request row plus
+    one page of full KV."""
+    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
+    budget_all, budget_bytes = budget_bytes, budget_bytes - window_pages * swa_bpt * page_size
     ring = layout.ring_size(chunk_size, page_size)
     fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len)
     per_token = full_bytes_per_token(layout, dtype_bytes)
@@ -92,9 +100,10 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
         pages = min(pages, useful)
     else:
         pages = 0
-    return MemoryPlan(budget_bytes=budget_bytes, num_rows=rows, ring=ring, page_size=page_size,
+    return MemoryPlan(budget_bytes=budget_all, num_rows=rows, ring=ring, page_size=page_size,
                       full_pool_pages=pages, full_bytes_per_token=per_token,
-                      fixed_bytes_per_row=fixed)
+                      fixed_bytes_per_row=fixed, window_cache_pages=window_pages,
+                      window_bytes_per_token=swa_bpt)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ class SDPABackend:
         else:
             pool, slots = self.cache.window, ctx.ring_slots
         pool.write(dense, slots, k, v)
+        if kind is LayerKind.SLIDING and ctx.window_write is not None:
+            idx, wslots = ctx.window_write
+            self.cache.window_pages.write(dense, wslots, k[idx], v[idx])
         k_buf, v_buf = pool.k[dense], pool.v[dense]
         num_heads, head_dim = q.shape[1], q.shape[2]
         gqa = num_heads != k.shape[1]

@@ -60,3 +60,5 @@ class ForwardContext:
     ring_slots: torch.Tensor | None  # [T] window-pool slots the new tokens are written to
     groups: list[AttnGroup]
     logits_indices: torch.Tensor  # [S] rows of the flattened batch whose logits are sampled
+    # prefix cache: (token indices, window-page slots) the sliding layers also write through to
+    window_write: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -1,0 +1,211 @@
+"""Prefix cache for hybrid SWA models: a radix tree of pages whose nodes own full-pool pages
+and, beside them, *window pages*: the sliding layers' KV of the same tokens.
+
+Why window pages and not checkpoints: a hit must be exact, and recomputing a trailing band
+is not (each recomputed position needs its own window of exact hidden states). A hit at L
+is exact when the sliding KV of the W positions before L can be restored into the new
+request's ring. Checkpoints hold W positions each: dense enough for mid-prompt hits (every
+256 tokens, so a 1,900-token hit recomputes <= 256) they cost 2x the bytes of keeping the
+sliding KV of every cached token (W=512: 30 vs 15 KiB per cached token on Gemma 3 270M),
+and a hit between two of them still recomputes. Window pages cost one copy per sliding
+layer per token (written through as the request computes, never overwritten like the
+ring) and make *every* page boundary a restorable hit point. They live in their own
+budget (`window_cache_memory`) and are evicted with their tree nodes, LRU, never while a
+running request holds them (`lock`).
+
+Address scheme: window page `w` holds positions of one full page at slots
+`w * page_size + offset` of one buffer per sliding layer (dense sliding index).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from swaserve.memory.full_pool import PageAllocator
+from swaserve.memory.layout import CacheLayout
+
+
+class WindowPagePool:
+    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages, page_size)
+        shape = lambda i: (num_pages * page_size, layout.layers[i].num_kv_heads,  # noqa: E731
+                           layout.layers[i].head_dim)
+        self.k = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
+        self.v = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[dense_layer].index_copy_(0, slots, k)
+        self.v[dense_layer].index_copy_(0, slots, v)
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: tuple[int, ...]  # one page of token ids (empty at the root)
+    parent: Node | None
+    full_page: int | None  # None for models without full layers
+    window_page: int | None  # None when this page's sliding KV is not held
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    lock: int = 0  # running requests whose prefix passes through this node
+    last_access: int = 0
+
+    @property
+    def depth_pages(self) -> int:
+        n, d = self, 0
+        while n.parent is not None:
+            n, d = n.parent, d + 1
+        return d
+
+
+@dataclass
+class Match:
+    node: Node  # deepest node of the restorable prefix (root: none)
+    num_tokens: int  # cached tokens that need no recompute
+    full_pages: list[int]
+    window_pages: list[int | None]
+
+
+class PrefixCache:
+    def __init__(self, page_size: int, window: int, has_full: bool, has_sliding: bool,
+                 full_alloc: PageAllocator | None, window_pool: WindowPagePool | None):
+        self.page_size = page_size
+        self.window = window
+        self.has_full, self.has_sliding = has_full, has_sliding
+        self.full_alloc = full_alloc
+        self.window_pool = window_pool
+        self.root = Node((), None, None, None)
+        self._clock = itertools.count(1)
+        self.num_nodes = 0
+        self.hit_tokens = 0
+        self.query_tokens = 0
+
+    # -- lookup ----------------------------------------------------------------------------
+    def match(self, tokens: list[int]) -> Match:
+        """Longest cached prefix of `tokens` that can be restored exactly: full pages for all
+        of it and window pages for the W positions before its end."""
+        p = self.page_size
+        path: list[Node] = []
+        node = self.root
+        for i in range(len(tokens) // p):
+            child = node.children.get(tuple(tokens[i * p:(i + 1) * p]))
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        best = 0
+        if self.has_sliding:
+            need = -(-self.window // p)  # pages of window before the hit point
+            for n in range(len(path), 0, -1):
+                if all(path[j].window_page is not None for j in range(max(0, n - need), n)):
+                    best = n
+                    break
+        else:
+            best = len(path)
+        now = next(self._clock)
+        for n in path[:best]:
+            n.last_access = now
+        hit = path[:best]
+        return Match(hit[-1] if hit else self.root, best * p,
+                     [n.full_page for n in hit] if self.has_full else [],
+                     [n.window_page for n in hit])
+
+    def lock(self, node: Node, delta: int) -> None:
+        while node is not None and node is not self.root:
+            node.lock += delta
+            if node.lock < 0:
+                raise RuntimeError("prefix cache: node unlocked more than locked")
+            node = node.parent
+
+    # -- insertion -------------------------------------------------------------------------
+    def insert(self, tokens: list[int], full_pages: list[int],
+               window_pages: list[int | None]) -> Node:
+        """Cache the whole pages of `tokens`. The tree takes its own references; pages a node
+        already holds are kept (the caller's duplicates stay the caller's)."""
+        p = self.page_size
+        n_pages = len(tokens) // p
+        node = self.root
+        now = next(self._clock)
+        for i in range(n_pages):
+            key = tuple(tokens[i * p:(i + 1) * p])
+            child = node.children.get(key)
+            fp = full_pages[i] if self.has_full else None
+            wp = window_pages[i] if i < len(window_pages) else None
+            if child is None:
+                if self.has_full:
+                    self.full_alloc.incref([fp])
+                if wp is not None:
+                    self.window_pool.allocator.incref([wp])
+                child = Node(key, node, fp, wp)
+                node.children[key] = child
+                self.num_nodes += 1
+            elif child.window_page is None and wp is not None:
+                self.window_pool.allocator.incref([wp])
+                child.window_page = wp
+            child.last_access = now
+            node = child
+        return node
+
+    # -- eviction --------------------------------------------------------------------------
+    def _leaves(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if not n.children and n is not self.root and n.lock == 0:
+                out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def evict(self, full_pages: int = 0, window_pages: int = 0) -> bool:
+        """Evict unlocked leaves, least recently used first, until `full_pages` full-pool
+        pages and `window_pages` window pages are free. False if it cannot get there."""
+        def short() -> bool:
+            f = self.full_alloc is not None and self.full_alloc.num_free < full_pages
+            w = self.window_pool is not None and self.window_pool.allocator.num_free < window_pages
+            return f or w
+
+        while short():
+            leaves = sorted(self._leaves(), key=lambda n: n.last_access)
+            if not leaves:
+                return False
+            for leaf in leaves:
+                self._remove(leaf)
+                if not short():
+                    break
+        return True
+
+    def evict_all(self) -> None:
+        while True:
+            leaves = self._leaves()
+            if not leaves:
+                return
+            for leaf in leaves:
+                self._remove(leaf)
+
+    def _remove(self, node: Node) -> None:
+        if node.full_page is not None:
+            self.full_alloc.decref([node.full_page])
+        if node.window_page is not None:
+            self.window_pool.allocator.decref([node.window_page])
+        del node.parent.children[node.tokens]
+        self.num_nodes -= 1
+
+    def references(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Pages the tree holds (full, window) -> count, for integrity checks."""
+        full: dict[int, int] = {}
+        win: dict[int, int] = {}
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            if n.full_page is not None:
+                full[n.full_page] = full.get(n.full_page, 0) + 1
+            if n.window_page is not None:
+                win[n.window_page] = win.get(n.window_page, 0) + 1
+            stack.extend(n.children.values())
+        return full, win

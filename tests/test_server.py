@@ -180,7 +180,8 @@ def test_disconnect_mid_stream_frees_memory(server):
         model=MODEL, prompt="ok", max_tokens=2)
     time.sleep(0.3)
     assert _metric(base, "swaserve_requests_running") == 0
-    assert _metric(base, "swaserve_full_pool_usage") == 0
+    assert _metric(base, "swaserve_ring_rows_usage") == 0  # every row (and its pages) returned
+    assert _metric(base, "swaserve_full_pool_request_pages") == 0  # what is left is cache
 
 
 def test_32_concurrent_streaming_clients(server):

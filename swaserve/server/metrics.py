@@ -15,6 +15,11 @@ class Metrics:
         self.running = Gauge("swaserve_requests_running", "Requests holding a row", registry=r)
         self.waiting = Gauge("swaserve_requests_waiting", "Requests waiting for memory", registry=r)
         self.full_pool_usage = Gauge("swaserve_full_pool_usage", "Fraction of full-KV pages in use", registry=r)
+        self.request_pages = Gauge("swaserve_full_pool_request_pages",
+                                   "Full-KV pages held by running requests (not only the cache)",
+                                   registry=r)
+        self.cache_nodes = Gauge("swaserve_prefix_cache_pages", "Pages held by the prefix cache",
+                                 registry=r)
         self.ring_usage = Gauge("swaserve_ring_rows_usage", "Fraction of request rows (rings) in use", registry=r)
         self.prompt_tokens = Counter("swaserve_prompt_tokens", "Prompt tokens received", registry=r)
         self.cached_tokens = Counter("swaserve_prompt_cached_tokens", "Prompt tokens served from the prefix cache", registry=r)
@@ -35,6 +40,9 @@ class Metrics:
         if cache.full is not None and cache.num_total_pages:
             self.full_pool_usage.set(1 - cache.num_free_pages / cache.num_total_pages)
         self.ring_usage.set(1 - cache.rows.num_free / cache.rows.num_rows)
+        self.request_pages.set(len({p for pages in cache.row_pages.values() for p in pages}))
+        if cache.prefix is not None:
+            self.cache_nodes.set(cache.prefix.num_nodes)
         if sched.num_preemptions > self._preempt_seen:
             self.preemptions.inc(sched.num_preemptions - self._preempt_seen)
             self._preempt_seen = sched.num_preemptions

@@ -64,10 +64,13 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of n tokens, eos included like ignore_eos (its
+    generate() with min_new_tokens would ban eos instead)."""
+    seq = list(ids)
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                             min_new_tokens=n, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
 
 
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:

@@ -19,8 +19,10 @@ from swaserve.model.context import ForwardContext
 
 class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 ctx: ForwardContext, scale: float) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KVH, D] for the batch's new tokens -> output [T, H * D]."""
+                 ctx: ForwardContext, scale: float, sinks: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KVH, D] for the batch's new tokens -> output [T, H * D].
+        `sinks` [H]: a learned logit per head that joins each softmax's denominator."""
         ...
 
 
@@ -31,7 +33,8 @@ class SDPABackend:
         self._dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 ctx: ForwardContext, scale: float) -> torch.Tensor:
+                 ctx: ForwardContext, scale: float, sinks: torch.Tensor | None = None
+                 ) -> torch.Tensor:
         kind = self.layout.layers[layer].kind
         dense = self._dense[layer]
         if kind is LayerKind.FULL:
@@ -64,8 +67,33 @@ class SDPABackend:
             else:
                 kg = k_buf[view.key_slots].transpose(1, 2)
                 vg = v_buf[view.key_slots].transpose(1, 2)
-            o = F.scaled_dot_product_attention(
-                qg, kg, vg, attn_mask=view.mask, is_causal=view.causal and view.mask is None,
-                scale=scale, enable_gqa=gqa)
+            if sinks is not None:
+                o = _attend_with_sinks(qg, kg, vg, view, sinks, scale, gqa)
+            else:
+                o = F.scaled_dot_product_attention(
+                    qg, kg, vg, attn_mask=view.mask, is_causal=view.causal and view.mask is None,
+                    scale=scale, enable_gqa=gqa)
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor,
+                       scale: float, gqa: bool) -> torch.Tensor:
+    """Attention whose softmax denominator also holds exp(sink[h]): one extra key of zeros
+    (score 0) whose additive mask entry is the sink logit, and a zero value, so the sink
+    takes probability mass without adding to the output."""
+    b, h, nq, _ = q.shape
+    kvh, nk = k.shape[1], k.shape[2]
+    if view.mask is not None:
+        allowed = view.mask.expand(b, 1, nq, nk)
+    elif view.causal:
+        allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)[None, None]
+        allowed = allowed.expand(b, 1, nq, nk)
+    else:
+        allowed = torch.ones(b, 1, nq, nk, dtype=torch.bool, device=q.device)
+    bias = torch.zeros(b, h, nq, nk + 1, dtype=q.dtype, device=q.device)
+    bias[..., :nk].masked_fill_(~allowed, float("-inf"))
+    bias[..., nk] = sinks.to(q.dtype)[None, :, None]
+    zeros = torch.zeros(b, kvh, 1, k.shape[3], dtype=k.dtype, device=k.device)
+    return F.scaled_dot_product_attention(q, torch.cat([k, zeros], 2), torch.cat([v, zeros], 2),
+                                          attn_mask=bias, scale=scale, enable_gqa=gqa)

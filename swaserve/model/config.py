@@ -31,6 +31,8 @@ class ModelConfig:
     tie_word_embeddings: bool = True
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    rope_scaling: dict[str, Any] | None = field(default=None, compare=False)  # full layers
+    attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -61,7 +63,11 @@ class ModelConfig:
             arch = "Gemma3ForCausalLM"
         n = int(cfg["num_hidden_layers"])
         window = cfg.get("sliding_window")
+        if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
+            window = None
         types = cfg.get("layer_types")
+        if types is not None and window is None:
+            types = ["full_attention"] * n
         if types is None:
             pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
             if window and pattern:
@@ -72,11 +78,15 @@ class ModelConfig:
         layer_types = tuple("sliding" if t == "sliding_attention" else "full" for t in types)
         rope = cfg.get("rope_parameters") or {}
         if "full_attention" in rope:
-            theta = float(rope["full_attention"].get("rope_theta", 10000.0))
+            full_rope = rope["full_attention"]
+            theta = float(full_rope.get("rope_theta", 10000.0))
             local = float(rope.get("sliding_attention", {}).get("rope_theta", theta))
         else:
+            full_rope = rope or cfg.get("rope_scaling") or {}
             theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
             local = float(cfg.get("rope_local_base_freq", theta))
+        scaling = full_rope if (full_rope.get("rope_type") or full_rope.get("type") or
+                                "default") != "default" else None
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         heads = int(cfg["num_attention_heads"])
@@ -99,6 +109,8 @@ class ModelConfig:
             hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            rope_scaling=scaling,
+            attention_bias=bool(cfg.get("attention_bias", False)),
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,

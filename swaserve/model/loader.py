@@ -91,11 +91,16 @@ def _iter_safetensors(directory: Path, dtype: torch.dtype) -> Iterator[tuple[str
             with safe_open(str(f), framework="pt") as st:
                 keys = list(st.keys())
                 for k in _progress(keys, len(keys), f"Loading {f.name}"):
-                    yield k, st.get_tensor(k).to(dtype)
+                    yield k, _cast(st.get_tensor(k), dtype)
         except ModelLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
             raise ModelLoadError(f"{f}: unreadable safetensors file ({e})") from e
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Floating tensors to the model dtype; packed integer data (MXFP4 blocks) as stored."""
+    return t.to(dtype) if t.is_floating_point() else t
 
 
 def iter_weights(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,6 +143,6 @@ def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str
         with safe_open(str(path), framework="pt") as st:
             keys = list(st.keys())
             for k in keys:
-                yield k, st.get_tensor(k).to(dtype)
+                yield k, _cast(st.get_tensor(k), dtype)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: {e}") from e

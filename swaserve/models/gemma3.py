@@ -14,7 +14,8 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin
+from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.loading import WeightMap, load_by_map
 
 # checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
 STACKED = {
@@ -30,6 +31,22 @@ SINGLE = {
     "post_feedforward_layernorm.weight": "post_ffn_norm",
 }
 NORMS = {"q_norm", "k_norm", "attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"}
+
+
+def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
+    if pname == "qkv":
+        return [layer.q_size, layer.kv_size, layer.kv_size]
+    return [layer.gate_up.shape[0] // 2] * 2
+
+
+def _fold_norm(target: str, w: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
+    # Gemma multiplies by (1 + w): fold the 1 in once, in float32 like the reference
+    return 1.0 + w.to(p.dtype).float() if target.split(".")[-1] in NORMS | {"final_norm"} else w
+
+
+WEIGHTS = WeightMap(
+    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
+    single=SINGLE, stacked=STACKED, shard_sizes=_shard_sizes, transform=_fold_norm)
 
 
 class Gemma3Layer(nn.Module):
@@ -79,60 +96,14 @@ class Gemma3ForCausalLM(nn.Module):
             torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
+        # larger Gemma 3 models scale RoPE on their full layers only (e.g. linear x8)
+        self.inv_freq_full, self.rope_scale_full = rope_inv_freq(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.inv_freq_local, _ = rope_inv_freq(cfg.head_dim, cfg.rope_local_theta or cfg.rope_theta)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Fill the parameters from HF-named checkpoint tensors (merging q/k/v and gate/up)."""
-        seen: set[str] = set()
-        params = dict(self.named_parameters())
-        for name, w in weights:
-            name = name.removeprefix("model.language_model.").removeprefix("language_model.")
-            name = name.removeprefix("model.")
-            if name == "embed_tokens.weight":
-                target, offset = "embed", None
-            elif name == "norm.weight":
-                target, offset = "final_norm", None
-            elif name == "lm_head.weight":
-                if self.lm_head is None:
-                    continue
-                target, offset = "lm_head", None
-            elif name.startswith("layers."):
-                _, idx, rest = name.split(".", 2)
-                if rest in STACKED:
-                    pname, shard = STACKED[rest]
-                    target = f"layers.{idx}.{pname}"
-                    offset = self._shard_offset(int(idx), pname, shard)
-                elif rest in SINGLE:
-                    target, offset = f"layers.{idx}.{SINGLE[rest]}", None
-                else:
-                    continue
-            else:
-                continue
-            p = params[target]
-            if target.endswith("norm") or target.split(".")[-1] in NORMS:
-                w = 1.0 + w.to(p.dtype).float()
-            with torch.no_grad():
-                if offset is None:
-                    if tuple(w.shape) != tuple(p.shape):
-                        raise ValueError(f"{name}: shape {tuple(w.shape)} != expected {tuple(p.shape)}")
-                    p.copy_(w)
-                else:
-                    start, size = offset
-                    if w.shape[0] != size or w.shape[1:] != p.shape[1:]:
-                        raise ValueError(f"{name}: shape {tuple(w.shape)} does not fit {target}")
-                    p[start:start + size].copy_(w)
-            seen.add(f"{target}:{offset}")
-        expected = 2 + (0 if self.lm_head is None else 1) + self.cfg.num_layers * (5 + len(SINGLE))
-        if len(seen) != expected:
-            raise ValueError(f"checkpoint is missing weights: loaded {len(seen)} of {expected}")
-
-    def _shard_offset(self, idx: int, pname: str, shard: int) -> tuple[int, int]:
-        layer = self.layers[idx]
-        if pname == "qkv":
-            sizes = [layer.q_size, layer.kv_size, layer.kv_size]
-        else:
-            half = layer.gate_up.shape[0] // 2
-            sizes = [half, half]
-        return sum(sizes[:shard]), sizes[shard]
+        load_by_map(self, weights, WEIGHTS, self.layers)
 
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
@@ -142,9 +113,8 @@ class Gemma3ForCausalLM(nn.Module):
         dtype = self.embed.dtype
         x = F.embedding(ctx.input_ids, self.embed) * torch.tensor(
             math.sqrt(cfg.hidden_size), dtype=dtype)
-        rope_full = rope_cos_sin(ctx.positions, cfg.head_dim, cfg.rope_theta, dtype)
-        rope_local = rope_cos_sin(ctx.positions, cfg.head_dim,
-                                  cfg.rope_local_theta or cfg.rope_theta, dtype)
+        rope_full = rope_cos_sin(ctx.positions, self.inv_freq_full, dtype, self.rope_scale_full)
+        rope_local = rope_cos_sin(ctx.positions, self.inv_freq_local, dtype)
         for layer in self.layers:
             x = layer(x, rope_local if layer.sliding else rope_full, ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, cfg.rms_norm_eps)

@@ -6,6 +6,11 @@ import importlib
 
 _REGISTRY = {
     "Gemma3ForCausalLM": ("swaserve.models.gemma3", "Gemma3ForCausalLM"),
+    "LlamaForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
+    "GptOssForCausalLM": ("swaserve.models.gpt_oss", "GptOssForCausalLM"),
 }
 
 

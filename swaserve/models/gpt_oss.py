@@ -1,0 +1,149 @@
+"""gpt-oss (GptOssForCausalLM): sliding (W = 128) and full layers alternating, a learned
+attention sink per head, YaRN RoPE, biases on q/k/v/o, and a top-k routed MoE whose experts
+use the clamped SwiGLU `(clamp(up) + 1) * g * sigmoid(alpha * g)` with g = clamp(gate).
+
+Checkpoints come as bf16 tensors or with MXFP4 expert weights (`*_blocks` + `*_scales`:
+two E2M1 values per byte, low nibble first, times 2^(scale - 127) per 32 values), which
+are dequantized on load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swaserve.model.attention import AttentionBackend
+from swaserve.model.config import ModelConfig
+from swaserve.model.context import ForwardContext
+from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.loading import WeightMap, load_by_map
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """blocks uint8 [E, rows, G, 16], scales uint8 [E, rows, G] -> float32 [E, G * 32, rows]
+    (transposed to the [experts, in, out] layout the bf16 checkpoints use)."""
+    lut = torch.tensor(E2M1, dtype=torch.float32)
+    b = blocks.to(torch.uint8).to(torch.int64)
+    vals = torch.stack([lut[b & 0x0F], lut[b >> 4]], dim=-1).flatten(-2)  # [E, rows, G, 32]
+    vals = torch.ldexp(vals, (scales.to(torch.int32) - 127)[..., None])
+    return vals.flatten(-2).transpose(1, 2).contiguous()
+
+
+def _with_mxfp4(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, w in weights:
+        for suffix in ("_blocks", "_scales"):
+            if name.endswith(suffix):
+                base = name[: -len(suffix)]
+                pending.setdefault(base, {})[suffix] = w
+                if len(pending[base]) == 2:
+                    parts = pending.pop(base)
+                    yield base, dequantize_mxfp4(parts["_blocks"], parts["_scales"])
+                break
+        else:
+            yield name, w
+    if pending:
+        raise ValueError(f"MXFP4 weights without their pair: {', '.join(sorted(pending))}")
+
+
+class GptOssLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        raw = cfg.raw
+        h, d = cfg.hidden_size, cfg.head_dim
+        e, inter = int(raw["num_local_experts"]), cfg.intermediate_size
+        self.index = index
+        self.top_k = int(raw.get("num_experts_per_tok", raw.get("experts_per_token", 4)))
+        self.alpha = float(raw.get("swiglu_alpha", 1.702))
+        self.limit = float(raw.get("swiglu_limit", 7.0))
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
+        self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size))
+        self.o = nn.Parameter(torch.empty(h, self.q_size))
+        self.o_bias = nn.Parameter(torch.empty(h))
+        self.sinks = nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32))
+        self.attn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
+        self.ffn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
+        self.router = nn.Parameter(torch.empty(e, h))
+        self.router_bias = nn.Parameter(torch.empty(e))
+        self.gate_up = nn.Parameter(torch.empty(e, h, 2 * inter))  # gate/up interleaved
+        self.gate_up_bias = nn.Parameter(torch.empty(e, 2 * inter))
+        self.down = nn.Parameter(torch.empty(e, inter, h))
+        self.down_bias = nn.Parameter(torch.empty(e, h))
+
+    def moe(self, x: torch.Tensor) -> torch.Tensor:
+        logits = linear(x, self.router) + self.router_bias
+        top, idx = logits.topk(self.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        out = torch.zeros_like(x)
+        for e in idx.unique().tolist():
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            gu = x[tok] @ self.gate_up[e] + self.gate_up_bias[e]
+            gate = gu[:, ::2].clamp(max=self.limit)
+            up = gu[:, 1::2].clamp(-self.limit, self.limit)
+            y = ((up + 1) * gate * torch.sigmoid(gate * self.alpha)) @ self.down[e] + self.down_bias[e]
+            out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
+        return out
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv) + self.qkv_bias
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        cos, sin = rope
+        q = apply_rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
+        x = x + linear(o, self.o) + self.o_bias
+        return x + self.moe(rms_norm(x, self.ffn_norm, self.eps))
+
+
+def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
+    return [layer.q_size, layer.kv_size, layer.kv_size]
+
+
+WEIGHTS = WeightMap(
+    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
+    single={"self_attn.o_proj.weight": "o", "self_attn.o_proj.bias": "o_bias",
+            "self_attn.sinks": "sinks", "input_layernorm.weight": "attn_norm",
+            "post_attention_layernorm.weight": "ffn_norm", "mlp.router.weight": "router",
+            "mlp.router.bias": "router_bias", "mlp.experts.gate_up_proj": "gate_up",
+            "mlp.experts.gate_up_proj_bias": "gate_up_bias", "mlp.experts.down_proj": "down",
+            "mlp.experts.down_proj_bias": "down_bias"},
+    stacked={"self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
+             "self_attn.v_proj.weight": ("qkv", 2), "self_attn.q_proj.bias": ("qkv_bias", 0),
+             "self_attn.k_proj.bias": ("qkv_bias", 1), "self_attn.v_proj.bias": ("qkv_bias", 2)},
+    shard_sizes=_shard_sizes)
+
+
+class GptOssForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
+        self.layers = nn.ModuleList(GptOssLayer(cfg, i) for i in range(cfg.num_layers))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.scale = cfg.attn_scale
+        self.attn: AttentionBackend | None = None
+        self.inv_freq, self.rope_scale = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_by_map(self, _with_mxfp4(weights), WEIGHTS, self.layers)
+
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        x = F.embedding(ctx.input_ids, self.embed)
+        rope = rope_cos_sin(ctx.positions, self.inv_freq, x.dtype, self.rope_scale)
+        for layer in self.layers:
+            x = layer(x, rope, ctx, self.attn, self.scale)
+        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
+        return linear(x, self.embed if self.lm_head is None else self.lm_head)

@@ -1,0 +1,108 @@
+"""Llama-style decoders: Llama 3 (RoPE scaling), Mistral (a window on every layer when
+`sliding_window` is set), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm).
+
+RMSNorm here multiplies by w (not Gemma's 1 + w); the MLP is SiLU-gated; embeddings are
+unscaled. Which layers slide comes from the config (CacheLayout), so an all-sliding
+Mistral has no full pool and a Llama no window pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swaserve.model.attention import AttentionBackend
+from swaserve.model.config import ModelConfig
+from swaserve.model.context import ForwardContext
+from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.loading import WeightMap, load_by_map
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.index = index
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
+        self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size)) if qkv_bias else None
+        self.o = nn.Parameter(torch.empty(h, self.q_size))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
+        self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
+        self.attn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
+        self.ffn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
+        self.q_norm = nn.Parameter(torch.empty(d, dtype=torch.float32)) if qk_norm else None
+        self.k_norm = nn.Parameter(torch.empty(d, dtype=torch.float32)) if qk_norm else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        x = x + linear(attn(self.index, q, k, v, ctx, scale), self.o)
+        gate, up = linear(rms_norm(x, self.ffn_norm, self.eps), self.gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down)
+
+
+def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
+    if pname in ("qkv", "qkv_bias"):
+        return [layer.q_size, layer.kv_size, layer.kv_size]
+    return [layer.gate_up.shape[0] // 2] * 2
+
+
+WEIGHTS = WeightMap(
+    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
+    single={"self_attn.o_proj.weight": "o", "mlp.down_proj.weight": "down",
+            "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
+            "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"},
+    stacked={"self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
+             "self_attn.v_proj.weight": ("qkv", 2), "self_attn.q_proj.bias": ("qkv_bias", 0),
+             "self_attn.k_proj.bias": ("qkv_bias", 1), "self_attn.v_proj.bias": ("qkv_bias", 2),
+             "mlp.gate_proj.weight": ("gate_up", 0), "mlp.up_proj.weight": ("gate_up", 1)},
+    shard_sizes=_shard_sizes)
+
+QKV_BIAS = {"Qwen2ForCausalLM"}
+QK_NORM = {"Qwen3ForCausalLM"}
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        qkv_bias = cfg.attention_bias or cfg.architecture in QKV_BIAS
+        qk_norm = cfg.architecture in QK_NORM
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qkv_bias, qk_norm)
+                                    for i in range(cfg.num_layers))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.scale = cfg.attn_scale
+        self.attn: AttentionBackend | None = None
+        self.inv_freq, self.rope_scale = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_by_map(self, weights, WEIGHTS, self.layers)
+
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        """Logits [S, V] (model dtype) for the rows `ctx.logits_indices`."""
+        x = F.embedding(ctx.input_ids, self.embed)
+        rope = rope_cos_sin(ctx.positions, self.inv_freq, x.dtype, self.rope_scale)
+        for layer in self.layers:
+            x = layer(x, rope, ctx, self.attn, self.scale)
+        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
+        return linear(x, self.embed if self.lm_head is None else self.lm_head)

@@ -88,7 +88,8 @@ async def run_level(args, prompts: list[str], concurrency: int) -> dict:
                 return await one(client, url, args.model, p, args.output_tokens, args.api_key)
         await task(prompts[0])  # warm-up
         t0 = time.perf_counter()
-        res = await asyncio.gather(*[task(p) for p in prompts[:args.num_requests]])
+        n = args.num_requests or max(8, 2 * concurrency)
+        res = await asyncio.gather(*[task(prompts[i % len(prompts)]) for i in range(n)])
         wall = time.perf_counter() - t0
     itl = [x for r in res for x in r["itl"]]
     ttft = [r["ttft"] for r in res]
@@ -107,12 +108,13 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--num-requests", type=int, default=None,
+                    help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    prompts = build_prompts(max(args.num_requests, 1), args.prompt_tokens)
+    prompts = build_prompts(args.num_requests or 2 * max(args.concurrency + [4]), args.prompt_tokens)
     rows = []
     for c in args.concurrency:
         print(f"[bench] concurrency {c} ...", file=sys.stderr, flush=True)

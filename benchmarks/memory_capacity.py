@@ -26,7 +26,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kv-memory", default="1GiB")
     ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--output-tokens", type=int, default=16)
+    # long enough that every request is still decoding when the last one is admitted
+    ap.add_argument("--output-tokens", type=int, default=512)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from swaserve import LLM, SamplingParams

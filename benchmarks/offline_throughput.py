@@ -32,7 +32,8 @@ def bench_swaserve(args) -> dict:
     from swaserve import LLM, SamplingParams
 
     log("[swaserve] loading")
-    llm = LLM(max_running_requests=max(args.batches), dtype="bfloat16")
+    # no prefix cache: the peer has none, and the runs repeat their prompts
+    llm = LLM(max_running_requests=max(args.batches), dtype="bfloat16", prefix_cache=False)
     enc = llm.tokenizer.encode
     res: dict = {}
     prompt = prompts_for(enc, 1, 512)

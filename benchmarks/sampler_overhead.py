@@ -59,7 +59,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    llm = LLM(max_running_requests=args.batch)
+    llm = LLM(max_running_requests=args.batch, kv_memory="2GiB", max_model_len=1024,
+              prefix_cache=False)
     ids = llm.tokenizer.encode(Path(argparse.__file__).read_text())[1:]
     prompts = [[2] + ids[i * 31:i * 31 + 63] for i in range(args.batch)]
     results = {}

@@ -32,6 +32,7 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     rope_scaling: dict[str, Any] | None = field(default=None, compare=False)  # full layers
+    rope_local_scaling: dict[str, Any] | None = field(default=None, compare=False)  # sliding
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -77,16 +78,24 @@ class ModelConfig:
                 types = ["sliding_attention" if window else "full_attention"] * n
         layer_types = tuple("sliding" if t == "sliding_attention" else "full" for t in types)
         rope = cfg.get("rope_parameters") or {}
-        if "full_attention" in rope:
-            full_rope = rope["full_attention"]
+
+        def scaled(section: dict) -> dict | None:
+            kind = section.get("rope_type") or section.get("type") or "default"
+            return section if kind != "default" else None
+
+        if "full_attention" in rope:  # per-kind RoPE (Gemma 3)
+            full_rope, local_rope = rope["full_attention"], rope.get("sliding_attention", {})
             theta = float(full_rope.get("rope_theta", 10000.0))
-            local = float(rope.get("sliding_attention", {}).get("rope_theta", theta))
+            local = float(local_rope.get("rope_theta", theta))
+            scaling, local_scaling = scaled(full_rope), scaled(local_rope)
         else:
             full_rope = rope or cfg.get("rope_scaling") or {}
             theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-            local = float(cfg.get("rope_local_base_freq", theta))
-        scaling = full_rope if (full_rope.get("rope_type") or full_rope.get("type") or
-                                "default") != "default" else None
+            scaling = scaled(full_rope)
+            if "rope_local_base_freq" in cfg:  # older Gemma 3 configs: unscaled local RoPE
+                local, local_scaling = float(cfg["rope_local_base_freq"]), None
+            else:
+                local, local_scaling = theta, scaling
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         heads = int(cfg["num_attention_heads"])
@@ -110,6 +119,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
             rope_scaling=scaling,
+            rope_local_scaling=local_scaling,
             attention_bias=bool(cfg.get("attention_bias", False)),
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             bos_token_id=cfg.get("bos_token_id"),

@@ -4,9 +4,6 @@ GELU-tanh MLP, LM head tied to the embeddings."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,8 +11,9 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
-from swaserve.models.loading import WeightMap, load_by_map
+from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.models.base import CausalLM
+from swaserve.models.loading import WeightMap
 
 # checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
 STACKED = {
@@ -85,42 +83,7 @@ class Gemma3Layer(nn.Module):
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
 
 
-class Gemma3ForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
-        self.layers = nn.ModuleList(Gemma3Layer(cfg, i) for i in range(cfg.num_layers))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.scale = cfg.attn_scale
-        self.attn: AttentionBackend | None = None
-        # larger Gemma 3 models scale RoPE on their full layers only (e.g. linear x8)
-        self.inv_freq_full, self.rope_scale_full = rope_inv_freq(
-            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.inv_freq_local, _ = rope_inv_freq(cfg.head_dim, cfg.rope_local_theta or cfg.rope_theta)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Fill the parameters from HF-named checkpoint tensors (merging q/k/v and gate/up)."""
-        load_by_map(self, weights, WEIGHTS, self.layers)
-
-    def forward(self, ctx: ForwardContext) -> torch.Tensor:
-        """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
-        the sampler widens them to float32 only where it edits or samples (a greedy batch
-        takes the argmax of the bf16 values, which is the argmax of their float32 copies)."""
-        cfg = self.cfg
-        dtype = self.embed.dtype
-        x = F.embedding(ctx.input_ids, self.embed) * torch.tensor(
-            math.sqrt(cfg.hidden_size), dtype=dtype)
-        rope_full = rope_cos_sin(ctx.positions, self.inv_freq_full, dtype, self.rope_scale_full)
-        rope_local = rope_cos_sin(ctx.positions, self.inv_freq_local, dtype)
-        for layer in self.layers:
-            x = layer(x, rope_local if layer.sliding else rope_full, ctx, self.attn, self.scale)
-        x = rms_norm(x[ctx.logits_indices], self.final_norm, cfg.rms_norm_eps)
-        logits = linear(x, self.embed if self.lm_head is None else self.lm_head)
-        if cfg.final_logit_softcapping:
-            logits = logits.float()
-            cap = cfg.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+class Gemma3ForCausalLM(CausalLM):
+    layer = Gemma3Layer
+    weights = WEIGHTS
+    scale_embeddings = True

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
-from swaserve.models.loading import WeightMap, load_by_map
+from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.models.base import CausalLM
+from swaserve.models.loading import WeightMap
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -58,6 +58,7 @@ class GptOssLayer(nn.Module):
         h, d = cfg.hidden_size, cfg.head_dim
         e, inter = int(raw["num_local_experts"]), cfg.intermediate_size
         self.index = index
+        self.sliding = cfg.layer_types[index] == "sliding"
         self.top_k = int(raw.get("num_experts_per_tok", raw.get("experts_per_token", 4)))
         self.alpha = float(raw.get("swiglu_alpha", 1.702))
         self.limit = float(raw.get("swiglu_limit", 7.0))
@@ -124,26 +125,9 @@ WEIGHTS = WeightMap(
     shard_sizes=_shard_sizes)
 
 
-class GptOssForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
-        self.layers = nn.ModuleList(GptOssLayer(cfg, i) for i in range(cfg.num_layers))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.scale = cfg.attn_scale
-        self.attn: AttentionBackend | None = None
-        self.inv_freq, self.rope_scale = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+class GptOssForCausalLM(CausalLM):
+    layer = GptOssLayer
+    weights = WEIGHTS
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_by_map(self, _with_mxfp4(weights), WEIGHTS, self.layers)
-
-    def forward(self, ctx: ForwardContext) -> torch.Tensor:
-        x = F.embedding(ctx.input_ids, self.embed)
-        rope = rope_cos_sin(ctx.positions, self.inv_freq, x.dtype, self.rope_scale)
-        for layer in self.layers:
-            x = layer(x, rope, ctx, self.attn, self.scale)
-        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
-        return linear(x, self.embed if self.lm_head is None else self.lm_head)
+        super().load_weights(_with_mxfp4(weights))

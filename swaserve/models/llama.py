@@ -8,8 +8,6 @@ Mistral has no full pool and a Llama no window pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,8 +15,9 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
-from swaserve.models.loading import WeightMap, load_by_map
+from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.models.base import CausalLM
+from swaserve.models.loading import WeightMap
 
 
 class DecoderLayer(nn.Module):
@@ -26,6 +25,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.index = index
+        self.sliding = cfg.layer_types[index] == "sliding"
         self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
         self.eps = cfg.rms_norm_eps
@@ -79,30 +79,10 @@ QKV_BIAS = {"Qwen2ForCausalLM"}
 QK_NORM = {"Qwen3ForCausalLM"}
 
 
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        qkv_bias = cfg.attention_bias or cfg.architecture in QKV_BIAS
-        qk_norm = cfg.architecture in QK_NORM
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qkv_bias, qk_norm)
-                                    for i in range(cfg.num_layers))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.scale = cfg.attn_scale
-        self.attn: AttentionBackend | None = None
-        self.inv_freq, self.rope_scale = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+class LlamaForCausalLM(CausalLM):
+    weights = WEIGHTS
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_by_map(self, weights, WEIGHTS, self.layers)
-
-    def forward(self, ctx: ForwardContext) -> torch.Tensor:
-        """Logits [S, V] (model dtype) for the rows `ctx.logits_indices`."""
-        x = F.embedding(ctx.input_ids, self.embed)
-        rope = rope_cos_sin(ctx.positions, self.inv_freq, x.dtype, self.rope_scale)
-        for layer in self.layers:
-            x = layer(x, rope, ctx, self.attn, self.scale)
-        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
-        return linear(x, self.embed if self.lm_head is None else self.lm_head)
+    @staticmethod
+    def layer(cfg: ModelConfig, index: int) -> DecoderLayer:
+        return DecoderLayer(cfg, index, qkv_bias=cfg.attention_bias or cfg.architecture in QKV_BIAS,
+                            qk_norm=cfg.architecture in QK_NORM)

@@ -53,6 +53,7 @@ class SamplingTensors:
     bias_index: tuple[torch.Tensor, torch.Tensor] | None
     bias_value: torch.Tensor | None
     penalty_rows: list[int]
+    edited_rows: list[int]  # rows with a logit bias, suppressed tokens, a mask or penalties
     logprob_rows: list[int]
     num_logprobs: int
 
@@ -88,6 +89,8 @@ class SamplingTensors:
             bias_index=(t(bi, torch.int64), t(bt, torch.int64)) if bi else None,
             bias_value=t(bv, torch.float32) if bi else None,
             penalty_rows=[i for i, r in enumerate(rows) if _has_penalty(r.params)],
+            edited_rows=[i for i, r in enumerate(rows) if r.params.logit_bias or r.suppress
+                         or r.mask is not None or _has_penalty(r.params)],
             logprob_rows=want_lp,
             num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
         )
@@ -117,13 +120,16 @@ class SamplerOutput:
     logprob_rows: list[int]
 
 
-def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int]) -> None:
-    """In place on logits[idx]: frequency/presence over output counts (OpenAI), repetition
-    (CTRL) over tokens seen in prompt or output."""
+def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int],
+                    pos: dict[int, int] | None = None) -> None:
+    """In place on the rows of `logits` that hold batch rows `idx` (row `pos[i]`, or `i`):
+    frequency/presence over output counts (OpenAI), repetition (CTRL) over tokens seen in
+    prompt or output."""
     if not idx:
         return
     device, vocab = logits.device, logits.shape[1]
-    sub = logits[idx]
+    at = [pos[i] for i in idx] if pos is not None else idx
+    sub = logits[at]
     counts = torch.zeros(len(idx), vocab, dtype=torch.float32, device=device)
     seen = torch.zeros(len(idx), vocab, dtype=torch.bool, device=device)
     for j, i in enumerate(idx):
@@ -139,7 +145,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int]
     rep = torch.tensor([x.repetition_penalty for x in p], device=device)[:, None]
     sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     sub = sub - freq * counts - pres * (counts > 0).float()
-    logits[idx] = sub
+    logits[at] = sub
 
 
 def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -188,41 +194,72 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)
-        logits = logits.float().clone()
+        bounded = not st.filter_rows or int(st.top_k[st.filter_rows].max()) <= BOUNDED_TOP_K
+        # Only rows that are edited, sampled over the whole vocabulary or asked for logprobs
+        # get a float32 copy; the others are read in the model dtype, which is exact: the
+        # widening is monotone and a positive temperature does not reorder a row.
+        wide = sorted(set(st.edited_rows) | set(st.temp_rows) | set(st.logprob_rows)
+                      | (set() if bounded else set(st.filter_rows)))
+        pos = {r: j for j, r in enumerate(wide)}
+        fl = logits[wide].float() if wide else None
         if st.bias_index is not None:
-            logits.index_put_(st.bias_index, st.bias_value, accumulate=True)
+            remap = torch.full((len(rows),), -1, dtype=torch.int64, device=self.device)
+            remap[wide] = torch.arange(len(wide), device=self.device)
+            fl.index_put_((remap[st.bias_index[0]], st.bias_index[1]), st.bias_value,
+                          accumulate=True)
         masked = [i for i, r in enumerate(rows) if r.mask is not None]
         if masked:
+            at = [pos[i] for i in masked]
             allow = torch.stack([rows[i].mask for i in masked])
-            logits[masked] = logits[masked].masked_fill(~allow, float("-inf"))
-        apply_penalties(logits, rows, st.penalty_rows)
-        scaled = logits / st.temperature[:, None]
+            fl[at] = fl[at].masked_fill(~allow, float("-inf"))
+        apply_penalties(fl, rows, st.penalty_rows, pos)
+        temp = st.temperature
+
+        def scaled(idx: list[int]) -> torch.Tensor:  # edited, temperature-scaled, float32
+            return fl[[pos[i] for i in idx]] / temp[idx, None]
+
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
-        if st.greedy_rows:
-            tokens[st.greedy_rows] = _argmax(scaled[st.greedy_rows])
+        raw_greedy = [i for i in st.greedy_rows if i not in pos]
+        if raw_greedy:
+            tokens[raw_greedy] = _argmax(logits[raw_greedy])
+        wide_greedy = [i for i in st.greedy_rows if i in pos]
+        if wide_greedy:
+            tokens[wide_greedy] = _argmax(fl[[pos[i] for i in wide_greedy]])
         if st.temp_rows:
-            sub = scaled[st.temp_rows].double()
             ids = torch.arange(self.vocab, device=self.device)
-            tokens[st.temp_rows] = (sub + self._noise(st, st.temp_rows, ids)).argmax(dim=-1)
+            noisy = scaled(st.temp_rows).double() + self._noise(st, st.temp_rows, ids)
+            tokens[st.temp_rows] = noisy.argmax(dim=-1)
         if st.filter_rows:
-            tokens[st.filter_rows] = self._sample_filtered(scaled, st)
+            tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st, bounded)
         out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
         if st.logprob_rows:
-            lp = torch.log_softmax(scaled[st.logprob_rows], dim=-1)
+            lp = torch.log_softmax(scaled(st.logprob_rows), dim=-1)
             out.chosen_logprob = lp.gather(1, tokens[st.logprob_rows][:, None])[:, 0]
             if st.num_logprobs:
                 out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
         return out
 
-    def _sample_filtered(self, scaled: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
+                         pos: dict[int, int], st: SamplingTensors, bounded: bool) -> torch.Tensor:
         idx = st.filter_rows
-        sub = scaled[idx]
         k = st.top_k[idx]
-        kmax = int(k.max())
-        if kmax <= BOUNDED_TOP_K:
-            vals, ids = sub.topk(kmax, dim=-1)  # sorted descending
+        temp = st.temperature[idx, None]
+        if bounded:  # one topk over the vocabulary, then work on [B, K_max] candidates
+            kmax = int(k.max())
+            raw = [i for i in idx if i not in pos]
+            vals = torch.empty(len(idx), kmax, dtype=torch.float32, device=self.device)
+            ids = torch.empty(len(idx), kmax, dtype=torch.int64, device=self.device)
+            at = {i: j for j, i in enumerate(idx)}
+            if raw:
+                v, t = logits[raw].topk(kmax, dim=-1)
+                vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
+            edited = [i for i in idx if i in pos]
+            if edited:
+                v, t = fl[[pos[i] for i in edited]].topk(kmax, dim=-1)
+                vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
+            vals = vals / temp
         else:
-            vals, ids = sub.sort(dim=-1, descending=True)
+            vals, ids = (fl[[pos[i] for i in idx]] / temp).sort(dim=-1, descending=True)
         keep = filter_sorted(vals, k, st.top_p[idx], st.min_p[idx])
         score = (vals.double() + self._noise(st, idx, ids)).masked_fill(~keep, float("-inf"))
         return ids.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]

@@ -1,0 +1,66 @@
+"""CausalLM: what every family shares — embedding, a stack of layers, final norm, LM head,
+and one RoPE table per layer kind (Gemma 3 uses another base on its sliding layers).
+
+A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map) and,
+where it differs, `embed_scale` and `norm_weight`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swaserve.model.attention import AttentionBackend
+from swaserve.model.config import ModelConfig
+from swaserve.model.context import ForwardContext
+from swaserve.model.layers import linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.loading import WeightMap, load_by_map
+
+
+class CausalLM(nn.Module):
+    layer: type[nn.Module]
+    weights: WeightMap
+    scale_embeddings = False  # Gemma multiplies embeddings by sqrt(hidden)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size, dtype=torch.float32))
+        self.layers = nn.ModuleList(self.layer(cfg, i) for i in range(cfg.num_layers))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.scale = cfg.attn_scale
+        self.attn: AttentionBackend | None = None
+        full = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        local_theta = cfg.rope_local_theta or cfg.rope_theta
+        same = local_theta == cfg.rope_theta and cfg.rope_local_scaling == cfg.rope_scaling
+        local = full if same else rope_inv_freq(cfg.head_dim, local_theta, cfg.rope_local_scaling)
+        self.rope = {False: full, True: local}  # keyed by layer.sliding
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill the parameters from HF-named checkpoint tensors."""
+        load_by_map(self, weights, self.weights, self.layers)
+
+    def forward(self, ctx: ForwardContext) -> torch.Tensor:
+        """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
+        the sampler widens them to float32 only where it edits or samples (a greedy batch
+        takes the argmax of the bf16 values, which is the argmax of their float32 copies)."""
+        x = F.embedding(ctx.input_ids, self.embed)
+        if self.scale_embeddings:
+            x = x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
+        rope = {}
+        for sliding, (inv, s) in self.rope.items():
+            same = sliding and self.rope[True] is self.rope[False]
+            rope[sliding] = rope[False] if same else rope_cos_sin(ctx.positions, inv, x.dtype, s)
+        for layer in self.layers:
+            x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
+        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
+        logits = linear(x, self.embed if self.lm_head is None else self.lm_head)
+        if self.cfg.final_logit_softcapping:
+            cap = self.cfg.final_logit_softcapping
+            logits = torch.tanh(logits.float() / cap) * cap
+        return logits

@@ -81,7 +81,8 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, out_
 async def run_level(args, prompts: list[str], concurrency: int) -> dict:
     url = args.base_url.rstrip("/") + "/completions"
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # a fresh connection per request: llama-server drops idle keep-alive connections
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         async def task(p):
             async with sem:

@@ -17,7 +17,7 @@ python benchmarks/serving.py --base-url http://127.0.0.1:8101/v1 --model gemma-3
   --concurrency $CONC --json "$OUT/serving_swaserve.json"
 kill $SW; wait $SW || true
 
-"$LLAMA" -m "$GGUF" --port 8102 -t 2 -c 32768 -np 32 --cont-batching >/dev/null 2>&1 &
+"$LLAMA" -m "$GGUF" --port 8102 -t 2 -c 32768 -np 32 --cont-batching </dev/null >"$OUT/llama-server.log" 2>&1 &
 LL=$!
 wait_up http://127.0.0.1:8102
 python benchmarks/serving.py --base-url http://127.0.0.1:8102/v1 --model gemma-3-270m-q4_k_m \

@@ -193,3 +193,40 @@ def test_invalid_parameters_name_themselves(kw, name):
 def test_unknown_token_in_logit_bias_rejected():
     with pytest.raises(ValueError, match="^logit_bias: unknown token id 5000"):
         SamplingParams(logit_bias={5000: 1.0}).validate(vocab_size=V)
+
+
+def test_seeded_temperature_rows_prune_exactly():
+    """The pruned Gumbel-max of seeded temperature-only rows equals hashing every id."""
+    logits = fixed_logits(6, seed=21) * 4
+    s = Sampler(V, torch.device("cpu"))
+    rows = [row(SamplingParams(temperature=t, seed=100 + i), pos=5 + i)
+            for i, t in enumerate((0.3, 0.7, 1.0, 1.0, 1.5, 2.0))]
+    got = s(logits.clone(), rows).tokens
+    ids = torch.arange(V)
+    for i, r in enumerate(rows):
+        lo, hi = murmur.split_seed(r.seed)
+        prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
+        g = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
+        want = ((logits[i] / r.params.temperature).double() + g).argmax()
+        assert got[i].item() == want.item()
+
+
+@pytest.mark.parametrize("scale", [6.0, 0.05])  # peaked: candidates suffice; flat: sort fallback
+def test_top_p_over_whole_vocabulary_matches_full_sort(scale):
+    from swaserve.sampling.sampler import filter_sorted
+
+    v = 5000  # wider than the bounded candidate width
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, v, generator=g) * scale
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1), SamplingParams(temperature=0.7, top_p=0.5, seed=2),
+              SamplingParams(temperature=1.0, min_p=0.01, seed=3), SamplingParams(temperature=1.2, top_p=0.95, min_p=0.001, seed=4)]
+    rows = [row(p, pos=9 + i) for i, p in enumerate(params)]
+    got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
+    for i, (p, r) in enumerate(zip(params, rows)):
+        vals, ids = (logits[i] / p.temperature).sort(descending=True)
+        keep = filter_sorted(vals[None], torch.tensor([v]), torch.tensor([p.top_p]), torch.tensor([p.min_p]))[0]
+        lo, hi = murmur.split_seed(r.seed)
+        prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
+        noise = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
+        want = ids[(vals.double() + noise).masked_fill(~keep, float("-inf")).argmax()]
+        assert got[i].item() == want.item()

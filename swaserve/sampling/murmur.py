@@ -8,12 +8,15 @@ are split in 16-bit halves), so it is exact on every device.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 M32 = 0xFFFFFFFF
 C1, C2 = 0xCC9E2D51, 0x1B873593
 F1, F2 = 0x85EBCA6B, 0xC2B2AE35
 NOISE_MAX_EXP_CLAMP = 2.0**-32
+NOISE_MAX = 32 * math.log(2.0)  # -log(2^-32) = 22.18: no noise value is larger
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -149,15 +149,20 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int]
 
 
 def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor) -> torch.Tensor:
+                  min_p: torch.Tensor,
+                  log_norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """vals [B, N] sorted descending (temperature-scaled logits). Returns the keep mask:
     top-k by rank, then top-p over the renormalised top-k set, then min-p relative to the
-    most likely token. The first candidate is always kept."""
+    most likely token. The first candidate is always kept. `log_norm` = (values, rows):
+    rows whose vals are only the head of the whole vocabulary, with its log normaliser."""
     n = vals.shape[1]
     rank = torch.arange(n, device=vals.device)[None, :]
     keep = rank < top_k[:, None]
     masked = vals.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(masked, dim=-1)
+    if log_norm is not None:
+        norm, rows = log_norm
+        probs = torch.where(rows[:, None], torch.exp(masked - norm[:, None]), probs)
     before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each candidate
     keep &= before < top_p[:, None]
     keep &= probs >= min_p[:, None] * probs[:, :1]
@@ -194,12 +199,13 @@ class Sampler:
         if all(_plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)
-        bounded = not st.filter_rows or int(st.top_k[st.filter_rows].max()) <= BOUNDED_TOP_K
+        # filtering rows with top_k above the bound need their whole row in float32
+        wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K]
         # Only rows that are edited, sampled over the whole vocabulary or asked for logprobs
         # get a float32 copy; the others are read in the model dtype, which is exact: the
         # widening is monotone and a positive temperature does not reorder a row.
         wide = sorted(set(st.edited_rows) | set(st.temp_rows) | set(st.logprob_rows)
-                      | (set() if bounded else set(st.filter_rows)))
+                      | set(wide_filter))
         pos = {r: j for j, r in enumerate(wide)}
         fl = logits[wide].float() if wide else None
         if st.bias_index is not None:
@@ -226,11 +232,15 @@ class Sampler:
         if wide_greedy:
             tokens[wide_greedy] = _argmax(fl[[pos[i] for i in wide_greedy]])
         if st.temp_rows:
-            ids = torch.arange(self.vocab, device=self.device)
-            noisy = scaled(st.temp_rows).double() + self._noise(st, st.temp_rows, ids)
-            tokens[st.temp_rows] = noisy.argmax(dim=-1)
+            seeded = [i for i in st.temp_rows if rows[i].seed is not None]
+            if seeded:
+                tokens[seeded] = self._seeded_gumbel_max(scaled(seeded).double(), st, seeded)
+            free = [i for i in st.temp_rows if rows[i].seed is None]
+            if free:
+                ids = torch.arange(self.vocab, device=self.device)
+                tokens[free] = (scaled(free).double() + self._noise(st, free, ids)).argmax(dim=-1)
         if st.filter_rows:
-            tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st, bounded)
+            tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st)
         out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
         if st.logprob_rows:
             lp = torch.log_softmax(scaled(st.logprob_rows), dim=-1)
@@ -239,27 +249,65 @@ class Sampler:
                 out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
         return out
 
+    def _seeded_gumbel_max(self, x: torch.Tensor, st: SamplingTensors, idx: list[int]) -> torch.Tensor:
+        """argmax(x + g) over the whole vocabulary for seeded rows, hashing only the tokens
+        that can win. Noise never exceeds NOISE_MAX (the u = 1 clamp), so a token whose scaled
+        logit is below (x[a] + g[a]) - NOISE_MAX for any token a cannot beat a; with a = the
+        argmax this keeps a few hundred ids instead of the whole vocabulary. Exact: same
+        token as hashing every id, ties to the smallest id like argmax."""
+        rows_t = torch.tensor(idx, dtype=torch.int64, device=self.device)
+        prefix = st.prefix[rows_t]
+        top = x.max(dim=-1)
+        g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top.indices[:, None]))[:, 0]
+        bound = top.values + g_top - murmur.NOISE_MAX
+        r, t = (x >= bound[:, None]).nonzero(as_tuple=True)
+        score = x[r, t] + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
+        best = torch.full((len(idx),), float("-inf"), dtype=torch.float64, device=self.device)
+        best = best.scatter_reduce(0, r, score, "amax")
+        win = score == best[r]
+        first = torch.full((len(idx),), self.vocab, dtype=torch.int64, device=self.device)
+        return first.scatter_reduce(0, r[win], t[win], "amin")
+
     def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
-                         pos: dict[int, int], st: SamplingTensors, bounded: bool) -> torch.Tensor:
+                         pos: dict[int, int], st: SamplingTensors) -> torch.Tensor:
+        """Filter and draw on sorted candidates: one `topk` of width K_max (<= BOUNDED_TOP_K)
+        for every filtering row. A row with top_k = all is exact on those candidates when its
+        last candidate is filtered out (top-p and min-p are monotone in rank), with
+        probabilities normalised over the whole vocabulary; other wide rows sort the whole
+        vocabulary. Seeded noise is keyed by token id, so both give the same token."""
         idx = st.filter_rows
         k = st.top_k[idx]
         temp = st.temperature[idx, None]
-        if bounded:  # one topk over the vocabulary, then work on [B, K_max] candidates
-            kmax = int(k.max())
-            raw = [i for i in idx if i not in pos]
-            vals = torch.empty(len(idx), kmax, dtype=torch.float32, device=self.device)
-            ids = torch.empty(len(idx), kmax, dtype=torch.int64, device=self.device)
-            at = {i: j for j, i in enumerate(idx)}
-            if raw:
-                v, t = logits[raw].topk(kmax, dim=-1)
-                vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
-            edited = [i for i in idx if i in pos]
-            if edited:
-                v, t = fl[[pos[i] for i in edited]].topk(kmax, dim=-1)
-                vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
-            vals = vals / temp
-        else:
-            vals, ids = (fl[[pos[i] for i in idx]] / temp).sort(dim=-1, descending=True)
-        keep = filter_sorted(vals, k, st.top_p[idx], st.min_p[idx])
+        width = min(int(k.max()), BOUNDED_TOP_K)
+        at = {i: j for j, i in enumerate(idx)}
+        vals = torch.empty(len(idx), width, dtype=torch.float32, device=self.device)
+        ids = torch.empty(len(idx), width, dtype=torch.int64, device=self.device)
+        raw = [i for i in idx if i not in pos]
+        if raw:
+            v, t = logits[raw].topk(width, dim=-1)
+            vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
+        edited = [i for i in idx if i in pos]
+        if edited:
+            v, t = fl[[pos[i] for i in edited]].topk(width, dim=-1)
+            vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
+        vals = vals / temp
+        wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
+        log_norm = None
+        if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
+            log_norm = torch.zeros(len(idx), device=self.device)
+            rows_full = fl[[pos[idx[j]] for j in wide]] / temp[wide]
+            log_norm[wide] = torch.logsumexp(rows_full, dim=-1)
+            use = torch.zeros(len(idx), dtype=torch.bool, device=self.device)
+            use[wide] = True
+            log_norm = (log_norm, use)
+        keep = filter_sorted(vals, k, st.top_p[idx], st.min_p[idx], log_norm)
         score = (vals.double() + self._noise(st, idx, ids)).masked_fill(~keep, float("-inf"))
-        return ids.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
+        tokens = ids.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
+        sort_rows = [j for j in wide if int(st.top_k[idx[j]]) < self.vocab or bool(keep[j, -1])]
+        if sort_rows:  # the candidates may not hold the whole kept set: sort the vocabulary
+            sub = [idx[j] for j in sort_rows]
+            v, t = (fl[[pos[i] for i in sub]] / st.temperature[sub, None]).sort(dim=-1, descending=True)
+            keep = filter_sorted(v, st.top_k[sub], st.top_p[sub], st.min_p[sub])
+            score = (v.double() + self._noise(st, sub, t)).masked_fill(~keep, float("-inf"))
+            tokens[sort_rows] = t.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
+        return tokens

@@ -20,6 +20,30 @@ from swaserve.model.layers import linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.loading import WeightMap, load_by_map
 
 
+class DecoderLayerBase(nn.Module):
+    """What every decoder layer has: its index and kind, the attention shapes, merged q/k/v
+    and output projections (`qkv`, `o`), and the RMSNorm epsilon."""
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.index = index
+        self.sliding = cfg.layer_types[index] == "sliding"
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
+        self.o = nn.Parameter(torch.empty(h, self.q_size))
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[T, (H + 2 KVH) * D] -> q [T, H, D], k and v [T, KVH, D]."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return (q.reshape(t, self.num_heads, self.head_dim),
+                k.reshape(t, self.num_kv_heads, self.head_dim),
+                v.reshape(t, self.num_kv_heads, self.head_dim))
+
+
 class CausalLM(nn.Module):
     layer: type[nn.Module]
     weights: WeightMap

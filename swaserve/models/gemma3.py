@@ -12,7 +12,7 @@ from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
 from swaserve.model.layers import apply_rope, linear, rms_norm
-from swaserve.models.base import CausalLM
+from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
 # checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
@@ -47,17 +47,10 @@ WEIGHTS = WeightMap(
     single=SINGLE, stacked=STACKED, shard_sizes=_shard_sizes, transform=_fold_norm)
 
 
-class Gemma3Layer(nn.Module):
+class Gemma3Layer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int):
-        super().__init__()
+        super().__init__(cfg, index)
         h, d = cfg.hidden_size, cfg.head_dim
-        self.index = index
-        self.sliding = cfg.layer_types[index] == "sliding"
-        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.eps = cfg.rms_norm_eps
-        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
-        self.o = nn.Parameter(torch.empty(h, self.q_size))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
         # norm parameters hold the full multiplier 1 + w, in float32
@@ -67,12 +60,8 @@ class Gemma3Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        t = x.shape[0]
-        h = rms_norm(x, self.attn_norm, self.eps)
-        q, k, v = linear(h, self.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rms_norm(q.reshape(t, self.num_heads, self.head_dim), self.q_norm, self.eps)
-        k = rms_norm(k.reshape(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv))
+        q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = linear(attn(self.index, q, k, v, ctx, scale), self.o)

@@ -18,7 +18,7 @@ from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
 from swaserve.model.layers import apply_rope, linear, rms_norm
-from swaserve.models.base import CausalLM
+from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -51,23 +51,16 @@ def _with_mxfp4(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
         raise ValueError(f"MXFP4 weights without their pair: {', '.join(sorted(pending))}")
 
 
-class GptOssLayer(nn.Module):
+class GptOssLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int):
-        super().__init__()
+        super().__init__(cfg, index)
         raw = cfg.raw
-        h, d = cfg.hidden_size, cfg.head_dim
+        h = cfg.hidden_size
         e, inter = int(raw["num_local_experts"]), cfg.intermediate_size
-        self.index = index
-        self.sliding = cfg.layer_types[index] == "sliding"
         self.top_k = int(raw.get("num_experts_per_tok", raw.get("experts_per_token", 4)))
         self.alpha = float(raw.get("swiglu_alpha", 1.702))
         self.limit = float(raw.get("swiglu_limit", 7.0))
-        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.eps = cfg.rms_norm_eps
-        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
         self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size))
-        self.o = nn.Parameter(torch.empty(h, self.q_size))
         self.o_bias = nn.Parameter(torch.empty(h))
         self.sinks = nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32))
         self.attn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
@@ -95,13 +88,10 @@ class GptOssLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv) + self.qkv_bias
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv)
+                                   + self.qkv_bias)
         cos, sin = rope
-        q = apply_rope(q.reshape(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.reshape(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
         x = x + linear(o, self.o) + self.o_bias
         return x + self.moe(rms_norm(x, self.ffn_norm, self.eps))

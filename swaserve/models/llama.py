@@ -16,22 +16,15 @@ from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
 from swaserve.model.layers import apply_rope, linear, rms_norm
-from swaserve.models.base import CausalLM
+from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int, qkv_bias: bool, qk_norm: bool):
-        super().__init__()
+        super().__init__(cfg, index)
         h, d = cfg.hidden_size, cfg.head_dim
-        self.index = index
-        self.sliding = cfg.layer_types[index] == "sliding"
-        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.eps = cfg.rms_norm_eps
-        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
         self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size)) if qkv_bias else None
-        self.o = nn.Parameter(torch.empty(h, self.q_size))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
         self.attn_norm = nn.Parameter(torch.empty(h, dtype=torch.float32))
@@ -41,14 +34,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        t = x.shape[0]
         qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv)
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.split_heads(qkv)
         if self.q_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = rope

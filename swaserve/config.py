@@ -66,6 +66,8 @@ class EngineConfig:
     window_cache_memory: str | None = field(default=None, metadata={
         "help": "prefix cache budget for sliding-layer KV of cached tokens, inside kv_memory "
                 "(default: a fifth of it)"})
+    overlap: bool = field(default=True, metadata={
+        "help": "schedule and prepare the next step while the current one computes"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
 

@@ -76,3 +76,29 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def write_byte_bpe_tokenizer(path, vocab: int = 320) -> int:
+    """A small byte-level BPE tokenizer.json (ids 0/1/2 = pad/eos/bos, like the tiny
+    models); returns its vocabulary size. Any text encodes, as with a real tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    corpus = ['{"name": "abc", "age": 12, "tags": ["x", "y"]}',
+              "hello world 123-4567 true false null", "[1, 2, 3.5]"] * 50
+    tk.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<pad>", "<eos>", "<bos>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk.save(os.path.join(str(path), "tokenizer.json"))
+    return tk.get_vocab_size()
+
+
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(tmp_path_factory):
+    """A tiny hybrid model with a real (byte-level BPE) tokenizer, for text-level features."""
+    path = tmp_path_factory.mktemp("tiny_tok")
+    vocab = write_byte_bpe_tokenizer(path)
+    write_tiny_gemma3(path, HYBRID, vocab=vocab, seed=3)
+    return str(path)

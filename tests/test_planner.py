@@ -129,9 +129,10 @@ def test_admission_boundary_and_no_double_charge(tiny_hybrid):
     eng.add_request(random_prompt(15, 1), SamplingParams(temperature=0, max_tokens=1))
     batch = eng.scheduler.schedule()
     assert len(batch.seqs) == 1  # needed (2) <= free (2): admitted at the boundary
-    # a chunked continuation keeps its row and is charged only for new pages
+    # a chunked continuation keeps its row and is charged only for new pages (without
+    # overlap, so that each step's pages are seen before the next step is scheduled)
     eng2 = LLM(path, dtype="float32", kv_memory="8MiB", max_running_requests=1, page_size=8,
-               chunk_size=8).engine
+               chunk_size=8, overlap=False).engine
     calls = []
     eng2.cache.rows.register_on_alloc_rows(calls.append)
     r = eng2.add_request(random_prompt(40, 2), SamplingParams(temperature=0, max_tokens=2))[0]

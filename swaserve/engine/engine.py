@@ -2,8 +2,20 @@
 
     schedule -> prepare inputs -> run model -> sample -> postprocess
 
-Synchronous and single-threaded: the offline API calls `step` in a loop; the server runs it
-in its own thread and talks to it through queues.
+The offline API calls `step` in a loop; the server runs it in its own thread and talks to
+it through queues.
+
+Overlap scheduling (on by default): the forward and sampling of a step run on a worker
+thread (torch releases the GIL in its kernels) while the engine thread schedules and
+prepares the next step and postprocesses the previous one (stop checks, detokenization,
+streaming). The next step's decode tokens are the in-flight step's sampled tokens, copied
+on the device right before its forward. A step is chain-safe, and the next one is launched
+before its tokens are read, only when no row that continues needs its token on the host:
+grammar rows (their next mask depends on it), stop strings (which may cut the request),
+penalties (they count it) and a prompt whose n > 1 siblings fork from it. Otherwise the
+step is read back first. A request that stops while the next step already computes it
+loses that extra token, and its memory is freed once the step is done. Outputs are the
+same with and without overlap.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ import itertools
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +39,9 @@ from swaserve.memory.planner import MemoryPlan, plan_memory
 from swaserve.model.source import ModelLoadError, resolve_model
 from swaserve.model.tokenizer import load_tokenizer
 from swaserve.models.registry import model_class
+from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler, allowed_masks
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
+from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow, has_penalty
 
 log = logging.getLogger("swaserve")
 DEFAULT_KV_MEMORY = 1024**3
@@ -40,6 +54,20 @@ class StepStats:
     seconds: float
     forward_seconds: float
     sample_seconds: float  # exact on CPU, where kernels run synchronously
+
+
+@dataclass
+class _Launched:
+    """A step handed to the forward: its batch, its sampler rows' owners and its result
+    ((SamplerOutput, forward seconds, sample seconds), or a Future of it)."""
+
+    batch: Batch
+    owners: list[tuple[int, Request]]
+    result: Future | tuple[SamplerOutput, float, float]
+    chain_safe: bool
+
+    def wait(self) -> tuple[SamplerOutput, float, float]:
+        return self.result.result() if isinstance(self.result, Future) else self.result
 
 
 class Engine:
@@ -79,6 +107,11 @@ class Engine:
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = frozenset(eos)
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos))
+        self.overlap = config.overlap
+        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
+                        if config.overlap else None)
+        self._inflight: _Launched | None = None
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
@@ -121,12 +154,22 @@ class Engine:
                              f"(0..{self.vocab_size - 1})")
         return list(prompt)
 
+    def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The compiled grammar `params` asks for (cached), or None. Raises ValueError naming
+        the parameter for a malformed schema, regex or grammar. Thread-safe: the server
+        calls it off the engine loop before it queues the request."""
+        spec = params.structured
+        return None if spec is None else self.grammars.compile(*spec)
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> list[Request]:
+                    request_id: str | None = None,
+                    grammar: CompiledGrammar | None = None) -> list[Request]:
         """Queue a prompt; returns its n completions' requests (all must finish)."""
         params = params or SamplingParams()
         params.validate(self.vocab_size)
         ids = self.tokenize(prompt)
+        if grammar is None:
+            grammar = self.compile_grammar(params)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request_id: {rid!r} is already in use")
@@ -134,7 +177,8 @@ class Engine:
         for i in range(params.n):
             seed = None if params.seed is None else (params.seed + i) % 2**64
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
-                                self.max_model_len, seed=seed))
+                                self.max_model_len, seed=seed,
+                                grammar=grammar.new_matcher() if grammar else None))
         self.scheduler.add(reqs[0])
         for r in reqs:
             self.requests[r.request_id] = r
@@ -160,7 +204,12 @@ class Engine:
         req.finish_reason = reason
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
+
+    def settle(self) -> None:
+        """Finish the step in flight, so that finished requests' memory is released."""
+        while self._inflight is not None:
+            self.step()
 
     def release(self, request_id: str) -> None:
         """Forget a finished request (its outputs were read)."""
@@ -171,30 +220,73 @@ class Engine:
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Run one step; returns the requests that gained a token or finished."""
+        """Run one step; returns the requests that gained a token or finished. With overlap
+        these are the previous step's, and the next step is already computing."""
         t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            self.last_step = None
-            return []
-        prepared = self.runner.prepare(batch)
-        t1 = time.perf_counter()
-        logits = self.runner.forward(prepared)
-        t2 = time.perf_counter()
-        rows, owners = self._sampler_rows(prepared.sampled, logits)
-        if len(owners) != logits.shape[0]:
-            logits = logits[[o[0] for o in owners]]
-        if self.logits_log is not None:
-            for (_, req), row, lg in zip(owners, rows, logits):
-                self.logits_log.append((req.request_id, row.position, lg.detach().float().cpu()))
-        out = self.sampler(logits, rows)
-        t3 = time.perf_counter()
-        changed = self.postprocess(batch, owners, out)
-        self.last_step = StepStats(batch.num_tokens, len(batch.seqs), time.perf_counter() - t0,
-                                   t2 - t1, t3 - t2)
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            prev = self._launch(None)
+            if prev is None:
+                self.last_step = None
+                return []
+        try:
+            if prev.chain_safe:
+                self._inflight = self._launch(prev)
+            out, forward_s, sample_s = prev.wait()
+        except BaseException:
+            self._inflight = None
+            raise
+        changed = self.postprocess(prev.batch, prev.owners, out)
+        if self.overlap and self._inflight is None:
+            self._inflight = self._launch(None)  # computes while the caller streams these
+        self.last_step = StepStats(prev.batch.num_tokens, len(prev.batch.seqs),
+                                   time.perf_counter() - t0, forward_s, sample_s)
         return changed
 
-    def _sampler_rows(self, sampled: list[ScheduledSeq], logits: torch.Tensor
+    def _launch(self, prev: _Launched | None) -> _Launched | None:
+        """Schedule and prepare a step and hand it to the forward. `prev` is the step still
+        in flight, whose sampled tokens are this step's decode inputs."""
+        batch = self.scheduler.schedule(can_retract=prev is None)
+        if not batch.seqs:
+            return None
+        pending = None
+        if prev is not None:
+            pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
+        prepared = self.runner.prepare(batch, pending)
+        rows, owners = self._sampler_rows(prepared.sampled)
+        for s in batch.seqs:
+            s.request.num_computed_tokens += s.num_tokens
+            s.request.in_flight += 1
+        for s in prepared.sampled:
+            s.request.num_pending += 1
+        chain_safe = self.overlap and not batch.blocked and all(
+            self._chains(s.request) for s in prepared.sampled)
+        prev_result = prev.result if prev is not None else None
+
+        def compute() -> tuple[SamplerOutput, float, float]:
+            t1 = time.perf_counter()
+            prev_tokens = prev_result.result()[0].tokens if prev_result is not None else None
+            logits = self.runner.forward(prepared, prev_tokens)
+            t2 = time.perf_counter()
+            if len(owners) != logits.shape[0]:
+                logits = logits[[o[0] for o in owners]]
+            if self.logits_log is not None:
+                for (_, req), row, lg in zip(owners, rows, logits):
+                    self.logits_log.append((req.request_id, row.position,
+                                            lg.detach().float().cpu()))
+            out = self.sampler(logits, rows)
+            return out, t2 - t1, time.perf_counter() - t2
+
+        result = self._worker.submit(compute) if self._worker is not None else compute()
+        return _Launched(batch, owners, result, chain_safe)
+
+    def _chains(self, req: Request) -> bool:
+        """Can the step after this one be built before this one's token is read back?"""
+        p = req.params
+        return (req.grammar is None and not p.stop and not has_penalty(p)
+                and req.request_id not in self._forks)
+
+    def _sampler_rows(self, sampled: list[ScheduledSeq]
                       ) -> tuple[list[SamplerRow], list[tuple[int, Request]]]:
         """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
         prompt just completed (they share its logits row)."""
@@ -202,17 +294,25 @@ class Engine:
         for i, s in enumerate(sampled):
             req = s.request
             family = [req]
-            if req.num_output_tokens == 0 and req.request_id in self._forks:
+            if req.num_generated == 0 and req.request_id in self._forks:
                 family += self._forks[req.request_id]
             for r in family:
                 rows.append(self._row(r, s.start + s.num_tokens - 1))
                 owners.append((i, r))
+        grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
+        if grammar_rows:
+            masks = allowed_masks([owners[j][1].grammar for j in grammar_rows], self.vocab_size,
+                                  self.device)
+            for j, mask in zip(grammar_rows, masks):
+                rows[j].mask = mask
         return rows, owners
 
     def _row(self, req: Request, position: int) -> SamplerRow:
         suppress: list[int] = []
-        if req.num_output_tokens < req.params.min_tokens:
-            suppress = [t for t in self.eos_token_ids if not req.params.ignore_eos]
+        if req.num_generated < req.params.min_tokens:
+            # a grammar decides itself when the text may end
+            if not req.params.ignore_eos and req.grammar is None:
+                suppress = list(self.eos_token_ids)
             suppress += list(req.params.stop_token_ids or [])
         return SamplerRow(req.params, req.seed, position, req.prompt_token_ids,
                           req.output_token_ids, suppress)
@@ -220,7 +320,10 @@ class Engine:
     def postprocess(self, batch: Batch, owners: list[tuple[int, Request]],
                     out: SamplerOutput) -> list[Request]:
         for s in batch.seqs:
-            s.request.num_computed_tokens += s.num_tokens
+            s.request.in_flight -= 1
+            if s.sample:
+                s.request.num_pending -= 1
+        self.scheduler.release_deferred()
         tokens = out.tokens.tolist()  # the one host sync of the step
         lp_pos = {row: j for j, row in enumerate(out.logprob_rows)}
         chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
@@ -236,7 +339,7 @@ class Engine:
         changed = []
         now = time.monotonic()
         for j, ((_, req), tok) in enumerate(zip(owners, tokens)):
-            if req.is_finished:
+            if req.is_finished:  # it stopped while this step computed it: a surplus token
                 continue
             if not req.output_token_ids and req.row is not None:
                 self.scheduler.on_prompt_done(req)
@@ -250,10 +353,21 @@ class Engine:
                     entry.setdefault(t, v)
                 req.logprobs.append(entry)
             self._check_stop(req, tok)
+            if req.grammar is not None and not req.is_finished:
+                self._advance_grammar(req, tok)
             changed.append(req)
         for req in batch.retracted:
             log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
         return changed
+
+    def _advance_grammar(self, req: Request, tok: int) -> None:
+        if not req.grammar.accept(tok):  # the mask allowed it, so this is an engine bug
+            log.warning("%s: grammar rejected token %d: %s", req.request_id, tok,
+                        req.grammar.error)
+            req.stop_reason = "grammar_error"
+            self.scheduler.finish(req, FinishReason.STOP)
+        elif req.grammar.is_terminated:
+            self.scheduler.finish(req, FinishReason.STOP)
 
     def _fork(self, parent: Request, child: Request) -> None:
         """Give an n>1 sibling the parent's prompt KV: shared full pages, copied rings."""
@@ -262,10 +376,10 @@ class Engine:
             siblings.remove(child)
         if not siblings:
             self._forks.pop(parent.request_id, None)
-        row = self.cache.fork_row(parent.row, parent.num_computed_tokens)
+        row = self.cache.fork_row(parent.row, parent.num_prompt_tokens)
         if row is not None:
             child.row = row
-            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_computed_tokens = parent.num_prompt_tokens
             child.status = RequestStatus.RUNNING
             self.scheduler.running.append(child)
         else:  # no free row or page now: it prefills on its own later (same tokens, slower)

@@ -46,6 +46,11 @@ class Request:
     output_text: str = ""
     logprobs: list[dict[int, float]] | None = None
     cache_node: object | None = None  # prefix-cache node this request locks (its prefix)
+    grammar: object | None = None  # its GrammarMatcher, for structured output
+    # overlap scheduling: tokens sampled on the device but not read back yet, and steps in
+    # flight that compute this request (its memory is released only when none is left)
+    num_pending: int = 0
+    in_flight: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -65,8 +70,18 @@ class Request:
         return len(self.output_token_ids)
 
     @property
-    def num_tokens(self) -> int:
+    def num_generated(self) -> int:
+        """Output tokens sampled so far, read back or not."""
+        return self.num_output_tokens + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are on the host."""
         return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_known_tokens + self.num_pending
 
     @property
     def max_new_tokens(self) -> int:
@@ -105,5 +120,8 @@ class Request:
                                  f"outside [0, {self.num_tokens}]")
         if self.num_tokens > self.max_model_len:
             raise AssertionError(f"{self.request_id}: {self.num_tokens} tokens > max_model_len")
-        if (self.row is None) != (self.status is not RequestStatus.RUNNING):
-            raise AssertionError(f"{self.request_id}: row {self.row} but status {self.status}")
+        # a finished request keeps its row while a step in flight still writes its KV
+        holds_row = self.status is RequestStatus.RUNNING or (self.is_finished and self.in_flight > 0)
+        if (self.row is not None) != holds_row:
+            raise AssertionError(f"{self.request_id}: row {self.row} but status {self.status} "
+                                 f"({self.in_flight} steps in flight)")

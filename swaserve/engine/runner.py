@@ -49,6 +49,9 @@ def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
 class PreparedBatch:
     ctx: ForwardContext
     sampled: list[ScheduledSeq]  # the seqs whose logits rows come out, in order
+    # input tokens not on the host yet: (positions in ctx.input_ids, rows of the previous
+    # step's sampled tokens); filled on the device just before the forward
+    fill: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner:
@@ -64,7 +67,9 @@ class ModelRunner:
     def _t(self, data) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    def prepare(self, batch: Batch) -> PreparedBatch:
+    def prepare(self, batch: Batch, pending: dict[str, int] | None = None) -> PreparedBatch:
+        """`pending` maps a request id to the row of the previous step's sampler output that
+        holds its input token, for requests whose last token is not read back yet."""
         # decode rows in row order: consecutive rows read their rings as one strided view
         decodes = sorted((s for s in batch.seqs if s.num_tokens == 1), key=lambda s: s.request.row)
         prefills = [s for s in batch.seqs if s.num_tokens > 1]
@@ -72,9 +77,18 @@ class ModelRunner:
         ids: list[int] = []
         pos: list[int] = []
         rows: list[int] = []
+        fill_dst: list[int] = []
+        fill_src: list[int] = []
         for s in order:
-            ids.extend(s.request.tokens(s.start, s.start + s.num_tokens))
-            pos.extend(range(s.start, s.start + s.num_tokens))
+            req, end = s.request, s.start + s.num_tokens
+            if end > req.num_known_tokens:  # a decode of the token the step in flight samples
+                assert s.num_tokens == 1 and pending is not None, "only a decode can chain"
+                fill_dst.append(len(ids))
+                fill_src.append(pending[req.request_id])
+                ids.append(0)
+            else:
+                ids.extend(req.tokens(s.start, end))
+            pos.extend(range(s.start, end))
             rows.extend([s.request.row] * s.num_tokens)
         positions = self._t(pos)
         rows_t = self._t(rows)
@@ -111,7 +125,8 @@ class ModelRunner:
                 logit_rows.append(offset - 1)
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
                              self._t(logit_rows), window_write)
-        return PreparedBatch(ctx, sampled)
+        fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
+        return PreparedBatch(ctx, sampled, fill)
 
     def _decode_group(self, seqs: list[ScheduledSeq]) -> AttnGroup:
         """One padded group: every row has one query at position `start`."""
@@ -182,5 +197,9 @@ class ModelRunner:
         return AttnGroup(start, 1, n, full, sliding)
 
     @torch.inference_mode()
-    def forward(self, prepared: PreparedBatch) -> torch.Tensor:
+    def forward(self, prepared: PreparedBatch, prev_tokens: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        if prepared.fill is not None:
+            dst, src = prepared.fill
+            prepared.ctx.input_ids[dst] = prev_tokens[src]
         return self.model(prepared.ctx)

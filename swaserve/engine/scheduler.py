@@ -7,6 +7,10 @@ for the tokens they write now plus their first decode token (`needed <= free`). 
 request already owns its row (its ring was prepaid) and is only charged for new pages.
 When the full pool runs dry the newest running request is retracted: its memory is freed
 and it is recomputed later, which gives the same greedy output.
+
+With overlap scheduling a step is scheduled while the previous one still computes: a
+request that finishes (or is aborted) while a step in flight still writes its KV keeps its
+memory until that step is done (`in_flight`), and no request is retracted while one is.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class ScheduledSeq:
 class Batch:
     seqs: list[ScheduledSeq] = field(default_factory=list)
     retracted: list[Request] = field(default_factory=list)
+    blocked: bool = False  # a request needed a retraction, which was not allowed
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._deferred: list[Request] = []  # finished, memory held by a step in flight
 
     # -- queue -----------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -66,15 +72,31 @@ class Scheduler:
             self.finish(req, FinishReason.ABORT)
 
     def finish(self, req: Request, reason: FinishReason) -> None:
-        if req.status is RequestStatus.RUNNING:
-            if reason is not FinishReason.ABORT:  # prompt + output become a cached prefix
-                self._cache_prefix(req, req.tokens(0, req.num_computed_tokens))
-            self._unlock(req)
-            self.running.remove(req)
-            self.cache.free_row(req.row)
-            req.row = None
+        was_running = req.status is RequestStatus.RUNNING
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        if was_running:
+            if req.in_flight:
+                self._deferred.append(req)
+            else:
+                self._release(req)
+
+    def release_deferred(self) -> None:
+        """Free the memory of finished requests that no step in flight uses any more."""
+        held = [r for r in self._deferred if r.in_flight]
+        for r in self._deferred:
+            if not r.in_flight:
+                self._release(r)
+        self._deferred = held
+
+    def _release(self, req: Request) -> None:
+        if req.finish_reason is not FinishReason.ABORT:  # prompt + output: a cached prefix
+            self._cache_prefix(req, req.tokens(0, min(req.num_computed_tokens,
+                                                      req.num_known_tokens)))
+        self._unlock(req)
+        self.running.remove(req)
+        self.cache.free_row(req.row)
+        req.row = None
 
     # -- prefix cache ----------------------------------------------------------------------
     def on_prompt_done(self, req: Request) -> None:
@@ -97,24 +119,29 @@ class Scheduler:
             req.cache_node = None
 
     # -- one step --------------------------------------------------------------------------
-    def schedule(self) -> Batch:
+    def schedule(self, can_retract: bool = True) -> Batch:
+        """The next step's batch. `can_retract=False` while a step is in flight: a request
+        that would need a retraction is left out and the batch marked `blocked`."""
         batch = Batch()
         budget = self.chunk_size
         scheduled: set[str] = set()
         for req in list(self.running):
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING:  # retracted earlier in this loop
+            if req.status is not RequestStatus.RUNNING:  # retracted earlier, or finished
+                continue
+            if req.num_generated >= req.max_new_tokens:  # its pending token is its last
                 continue
             n = min(req.num_uncomputed_tokens, budget)
-            if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch):
+            if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch,
+                                   can_retract):
                 continue
             self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n
-        while self.waiting and budget > 0 and not batch.retracted:
+        while self.waiting and budget > 0 and not batch.retracted and not batch.blocked:
             req = self.waiting[0]
             if self.cache.rows.num_free == 0:
                 break
@@ -148,11 +175,16 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _make_room(self, req: Request, num_tokens: int, scheduled: set[str], batch: Batch) -> bool:
+    def _make_room(self, req: Request, num_tokens: int, scheduled: set[str], batch: Batch,
+                   can_retract: bool) -> bool:
         """Retract the newest unscheduled requests until `req` has pages for `num_tokens`.
-        False when `req` itself had to be retracted."""
+        False when `req` itself had to be retracted (or could not be given room)."""
         while not self.cache.can_fit(self.cache.pages_needed(req.row, num_tokens)):
-            victims = [r for r in self.running if r.request_id not in scheduled and r is not req]
+            if not can_retract:
+                batch.blocked = True
+                return False
+            victims = [r for r in self.running if r.request_id not in scheduled and r is not req
+                       and r.status is RequestStatus.RUNNING]
             victim = victims[-1] if victims else req
             self._retract(victim)
             batch.retracted.append(victim)

@@ -102,6 +102,7 @@ class LLM:
             eng.step()
             if eng.last_step is None:  # nothing could be scheduled: never spin
                 raise RuntimeError("engine stalled: no request could be scheduled")
+        eng.settle()  # a step in flight may still hold finished requests' memory
         results = []
         for prompt, g in zip(plist, groups):
             results.append(RequestOutput(

@@ -31,6 +31,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (what grammar engines build their token tables from)."""
+        return self._tk.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
 

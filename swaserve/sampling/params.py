@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
 
@@ -26,6 +28,12 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # structured output (at most one): a JSON schema (dict or JSON text), any JSON object,
+    # a regular expression, or an EBNF (GBNF or Lark) grammar
+    json_schema: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
     _validated: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +116,39 @@ class SamplingParams:
                 if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (
                         vocab_size is not None and t >= vocab_size):
                     bad("stop_token_ids", f"unknown token id {t!r}")
+        self._validate_structured(bad)
+
+    def _validate_structured(self, bad) -> None:
+        if isinstance(self.json_schema, str):
+            try:
+                self.json_schema = json.loads(self.json_schema)
+            except json.JSONDecodeError as e:
+                bad("json_schema", f"is not valid JSON: {e}")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            bad("json_schema", f"must be a JSON object (a schema), got {type(self.json_schema).__name__}")
+        if not isinstance(self.json_object, bool):
+            bad("json_object", f"must be a boolean, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                bad(name, "must be a non-empty string")
+        given = [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) > 1:
+            bad(given[1], f"only one kind of structured output per request; {given[0]} is set too")
+
+    @property
+    def structured(self) -> tuple[str, str] | None:
+        """(kind, text) of the requested structured output: kind is json | regex | grammar."""
+        if self.json_schema is not None:
+            return "json", json.dumps(self.json_schema)  # key order is the output order
+        if self.json_object:
+            return "json", '{"type": "object"}'
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return None
 
     @property
     def greedy(self) -> bool:

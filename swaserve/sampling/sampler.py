@@ -88,9 +88,9 @@ class SamplingTensors:
             greedy_rows=[i for i in range(b) if greedy[i]],
             bias_index=(t(bi, torch.int64), t(bt, torch.int64)) if bi else None,
             bias_value=t(bv, torch.float32) if bi else None,
-            penalty_rows=[i for i, r in enumerate(rows) if _has_penalty(r.params)],
+            penalty_rows=[i for i, r in enumerate(rows) if has_penalty(r.params)],
             edited_rows=[i for i, r in enumerate(rows) if r.params.logit_bias or r.suppress
-                         or r.mask is not None or _has_penalty(r.params)],
+                         or r.mask is not None or has_penalty(r.params)],
             logprob_rows=want_lp,
             num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
         )
@@ -104,10 +104,10 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
 def _plain_greedy(r: SamplerRow) -> bool:
     p = r.params
     return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
-            and r.mask is None and not _has_penalty(p))
+            and r.mask is None and not has_penalty(p))
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
     return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
 
 

@@ -3,6 +3,7 @@ metrics. Every error leaves in OpenAI's shape `{"error": {message, type, param, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -59,12 +60,62 @@ def _sampling_params(body, max_tokens: int | None, logprobs: int | None, engine)
         kw["logit_bias"] = body.logit_bias
     if max_tokens is None:
         max_tokens = engine.max_model_len
+    kw.update(_structured_output(body))
     try:
         p = SamplingParams(n=body.n, max_tokens=max_tokens, logprobs=logprobs, **kw)
         p.validate(engine.vocab_size)
     except ValueError as e:
-        raise APIError(400, str(e), _param_of(e)) from e
+        raise _as_api_error(e, body) from e
     return p
+
+
+def _as_api_error(e: ValueError, body) -> APIError:
+    """400 naming the parameter; a schema that came in response_format is named so."""
+    msg, param = str(e), _param_of(e)
+    if param == "json_schema" and body.response_format is not None:
+        msg, param = "response_format" + msg[len("json_schema"):], "response_format"
+    return APIError(400, msg, param)
+
+
+def _structured_output(body) -> dict[str, Any]:
+    """SamplingParams fields for response_format and the vLLM / SGLang extra fields."""
+    out: dict[str, Any] = {}
+    fmt = body.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            out["json_object"] = True
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise APIError(400, "response_format: json_schema needs a 'schema' object",
+                               "response_format")
+            out["json_schema"] = spec["schema"]
+        elif kind != "text":
+            raise APIError(400, f"response_format: type must be text, json_object or "
+                           f"json_schema, got {kind!r}", "response_format")
+    for names, field in ((("json_schema", "guided_json"), "json_schema"),
+                         (("regex", "guided_regex"), "regex"),
+                         (("ebnf", "grammar", "guided_grammar"), "grammar")):
+        for name in names:
+            v = getattr(body, name)
+            if v is None:
+                continue
+            if out:
+                raise APIError(400, f"{name}: only one kind of structured output per request",
+                               name)
+            out[field] = v
+    return out
+
+
+async def _compile_grammar(engine, params: SamplingParams, body):
+    """Compile off the event loop and the engine loop; a bad grammar is a 400 here."""
+    if params.structured is None:
+        return None
+    try:
+        return await asyncio.to_thread(engine.compile_grammar, params)
+    except ValueError as e:
+        raise _as_api_error(e, body) from e
 
 
 def _usage(final: Final) -> dict:
@@ -79,6 +130,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     tok = engine.tokenizer
     metrics = Metrics()
     aengine.metrics = metrics
+    engine.grammars.warm_up()  # the grammar token table, built before the first request
     template = None
     if tok is not None:
         template = ChatTemplate(tok.chat_template, bos_token="", eos_token="")
@@ -172,9 +224,10 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         ids = encode(prompts[0], "prompt")
         check_length(ids, "prompt")
         params = _sampling_params(body, body.max_tokens, body.logprobs, engine)
+        grammar = await _compile_grammar(engine, params, body)
         check_capacity()
         rid = f"cmpl-{uuid.uuid4().hex}"
-        gen = aengine.generate(ids, params, rid)
+        gen = aengine.generate(ids, params, rid, grammar)
         created = int(time.time())
 
         def choice(d: Delta) -> dict:
@@ -228,9 +281,10 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         params = _sampling_params(body, max_tokens, n_lp, engine)
         if end_of_turn is not None:
             params.stop_token_ids = list(params.stop_token_ids or []) + [end_of_turn]
+        grammar = await _compile_grammar(engine, params, body)
         check_capacity()
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = aengine.generate(ids, params, rid)
+        gen = aengine.generate(ids, params, rid, grammar)
         created = int(time.time())
 
         def lp(d: Delta) -> dict | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import Request
+from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 
 log = logging.getLogger("swaserve")
@@ -76,10 +77,10 @@ class AsyncEngine:
     def overloaded(self) -> bool:
         return self.num_waiting >= self.max_waiting
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[Delta | Final]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       grammar: CompiledGrammar | None = None) -> AsyncIterator[Delta | Final]:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._inbox.put(("add", request_id, prompt_ids, params, stream))
+        self._inbox.put(("add", request_id, prompt_ids, params, grammar, stream))
         finished = False
         try:
             while True:
@@ -140,9 +141,9 @@ class AsyncEngine:
                 self._abort(rid)
             self._stop.set()
         elif cmd[0] == "add":
-            _, rid, ids, params, stream = cmd
+            _, rid, ids, params, grammar, stream = cmd
             try:
-                stream.reqs = eng.add_request(ids, params, request_id=rid)
+                stream.reqs = eng.add_request(ids, params, request_id=rid, grammar=grammar)
             except ValueError as e:
                 stream.put(e)
                 return

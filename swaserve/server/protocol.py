@@ -34,6 +34,16 @@ class _Common(BaseModel):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    # structured output: OpenAI's response_format, plus the extra fields vLLM (guided_*)
+    # and SGLang (json_schema, regex, ebnf) accept
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | str | None = None
+    guided_json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    guided_regex: str | None = None
+    ebnf: str | None = None
+    grammar: str | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_Common):

@@ -50,6 +50,7 @@ def run(llm: LLM, params: list[SamplingParams], steps: int, prompts) -> tuple[fl
     for r in reqs:
         eng.abort(r.request_id)
         eng.release(r.request_id)
+    eng.settle()
     return statistics.median(step_t), statistics.median(sample_t)
 
 

@@ -198,3 +198,49 @@ def test_32_concurrent_streaming_clients(server):
     together, alone = asyncio.run(run())
     assert all(t for t in together)
     assert [together[0], together[17], together[31]] == alone
+
+
+def test_structured_output(client):
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "population": {"type": "integer", "minimum": 0, "maximum": 10**8}},
+        "required": ["city", "population"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The largest city of France as JSON"}],
+        max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    import json
+
+    import jsonschema
+
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.completions.create(model=MODEL, prompt="Call me at", max_tokens=20, temperature=0.8,
+                                  seed=3, extra_body={"regex": r" [0-9]{3}-[0-9]{4}"})
+    import re
+
+    assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", r.choices[0].text)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Is water wet? Answer."}], max_tokens=5,
+        temperature=0, extra_body={"guided_grammar": 'root ::= "yes" | "no"'})
+    assert r.choices[0].message.content in ("yes", "no")
+    r = client.completions.create(model=MODEL, prompt='Example: {"animal": "dog", "legs": 4}\n'
+                                  'Another one, a cat: ', max_tokens=128, temperature=0,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_bad_grammars_are_400_before_queueing(client):
+    cases = [({"response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+              "response_format"),
+             ({"response_format": {"type": "xml"}}, "response_format"),
+             ({"regex": "a(b"}, "regex"),
+             ({"ebnf": "root ::= ("}, "grammar"),
+             ({"regex": "a", "guided_json": {"type": "object"}}, "regex")]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body=extra)
+        assert e.value.body["param"] == param, (extra, e.value.body)
+    ok = client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert ok.choices[0].text is not None

@@ -39,7 +39,7 @@ from swaserve.memory.planner import MemoryPlan, plan_memory
 from swaserve.model.source import ModelLoadError, resolve_model
 from swaserve.model.tokenizer import load_tokenizer
 from swaserve.models.registry import model_class
-from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler, allowed_masks
+from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler, mask_biases
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow, has_penalty
 
@@ -301,10 +301,10 @@ class Engine:
                 owners.append((i, r))
         grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
         if grammar_rows:
-            masks = allowed_masks([owners[j][1].grammar for j in grammar_rows], self.vocab_size,
-                                  self.device)
-            for j, mask in zip(grammar_rows, masks):
-                rows[j].mask = mask
+            biases = mask_biases([owners[j][1].grammar for j in grammar_rows], self.vocab_size,
+                                 self.device)
+            for j, bias in zip(grammar_rows, biases):
+                rows[j].grammar_bias = bias
         return rows, owners
 
     def _row(self, req: Request, position: int) -> SamplerRow:

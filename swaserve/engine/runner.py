@@ -65,7 +65,12 @@ class ModelRunner:
         model.attn = SDPABackend(cache)
 
     def _t(self, data) -> torch.Tensor:
-        return torch.tensor(data, dtype=torch.int64, device=self.device)
+        t = torch.tensor(data, dtype=torch.int64)
+        if self.device.type == "cuda":
+            # pinned + non_blocking: the copy queues behind the step in flight instead of
+            # making the host wait for it, which would undo overlap scheduling
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
 
     def prepare(self, batch: Batch, pending: dict[str, int] | None = None) -> PreparedBatch:
         """`pending` maps a request id to the row of the previous step's sampler output that

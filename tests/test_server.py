@@ -25,13 +25,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def _start(*extra: str):
     port = _free_port()
     env = {**os.environ, "SWASERVE_NO_PROGRESS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "swaserve", "serve", "--port", str(port),
                              "--api-key", KEY, "--max-running-requests", "40",
-                             "--max-model-len", "2048", "--max-waiting", "64"],
+                             "--max-model-len", "2048", "--max-waiting", "64", *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -43,10 +42,30 @@ def server():
             time.sleep(0.5)
         if proc.poll() is not None:
             raise RuntimeError(proc.stdout.read())
-    yield base, proc
+    return base, proc
+
+
+def _stop(proc) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def server():
+    base, proc = _start()
+    yield base, proc
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server_fp32():
+    """float32: CPU GEMM kernels change with the number of rows (at 32 here), which moves a
+    bf16 row's logits by ~0.3 when its batch grows, enough to flip a greedy near-tie; in
+    float32 that round-off is ~1e-5, so "same output alone and in a crowd" is testable."""
+    base, proc = _start("--dtype", "float32", "--kv-memory", "2GiB")
+    yield base, proc
+    _stop(proc)
 
 
 @pytest.fixture()
@@ -108,12 +127,9 @@ def test_n2_stop_and_seed(client):
     assert " 7" not in s.choices[0].text and s.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.xfail(strict=False, reason="bf16 GEMM kernels are not batch-invariant on CPU: the "
-                   "sampler's seeded noise is, but logits of a row shift by round-off with the "
-                   "batch size (see tests/test_sampler.py for the sampler's own invariance)")
-def test_seed_reproducible_under_concurrent_load(server):
+def _seed_alone_and_under_load(base: str) -> tuple[str, str]:
     async def run():
-        c = openai.AsyncOpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0)
+        c = openai.AsyncOpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         alone = await c.completions.create(model=MODEL, prompt="In the forest", max_tokens=16,
                                            temperature=0.9, top_p=0.95, seed=1234)
         others = [c.completions.create(model=MODEL, prompt=f"Story {i}:", max_tokens=24,
@@ -122,7 +138,19 @@ def test_seed_reproducible_under_concurrent_load(server):
                                     temperature=0.9, top_p=0.95, seed=1234)
         res = await asyncio.gather(mine, *others)
         return alone.choices[0].text, res[0].choices[0].text
-    a, b = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.xfail(strict=False, reason="bf16 GEMM kernels are not batch-invariant on CPU: the "
+                   "sampler's seeded noise is, but logits of a row shift by round-off with the "
+                   "batch size (see tests/test_sampler.py for the sampler's own invariance)")
+def test_seed_reproducible_under_concurrent_load(server):
+    a, b = _seed_alone_and_under_load(server[0])
+    assert a == b
+
+
+def test_seed_reproducible_under_concurrent_load_fp32(server_fp32):
+    a, b = _seed_alone_and_under_load(server_fp32[0])
     assert a == b
 
 
@@ -184,11 +212,16 @@ def test_disconnect_mid_stream_frees_memory(server):
     assert _metric(base, "swaserve_full_pool_request_pages") == 0  # what is left is cache
 
 
-def test_32_concurrent_streaming_clients(server):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_32_concurrent_streaming_clients(request, dtype):
+    server = request.getfixturevalue("server" if dtype == "bfloat16" else "server_fp32")
     async def one(c, i):
         s = await c.completions.create(model=MODEL, prompt=f"Number {i} is", max_tokens=16,
-                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
-        return "".join([ch.choices[0].text async for ch in s if ch.choices])
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                       stream_options={"include_usage": True})
+        chunks = [ch async for ch in s]
+        assert chunks[-1].usage.completion_tokens == 16  # every stream ran to its end
+        return "".join(ch.choices[0].text for ch in chunks if ch.choices)
 
     async def run():
         c = openai.AsyncOpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0)
@@ -197,7 +230,8 @@ def test_32_concurrent_streaming_clients(server):
         return together, alone
     together, alone = asyncio.run(run())
     assert all(t for t in together)
-    assert [together[0], together[17], together[31]] == alone
+    if dtype == "float32":  # in bf16 a crowd may flip a near-tie (see server_fp32)
+        assert [together[0], together[17], together[31]] == alone
 
 
 def test_structured_output(client):

@@ -66,6 +66,10 @@ class EngineConfig:
     window_cache_memory: str | None = field(default=None, metadata={
         "help": "prefix cache budget for sliding-layer KV of cached tokens, inside kv_memory "
                 "(default: a fifth of it)"})
+    batch_invariant: bool = field(default=False, metadata={
+        "help": "a request's output does not depend on what runs beside it, in bf16 too: "
+                "matmuls in blocks of 32 rows, decode keys padded to 512, prompts chunked at "
+                "fixed positions, no prefix cache (slower prefill)"})
     overlap: bool = field(default=True, metadata={
         "help": "schedule and prepare the next step while the current one computes"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})

@@ -129,3 +129,29 @@ def test_structured_output_on_the_real_model():
     o = llm.generate('Example: {"animal": "dog", "legs": 4}\nAnother one, a cat: ',
                      SamplingParams(temperature=0, max_tokens=128, json_object=True))[0]
     assert o.finish_reason == "stop" and isinstance(json.loads(o.text), dict)
+
+
+def test_batch_invariant_mode_gives_a_request_the_same_bits_in_a_crowd():
+    """bf16: alone and beside 40 others (prefill rows > 32, decode batches of every size,
+    a prompt longer than a chunk, keys past 512), a seeded request's logits are identical."""
+    from swaserve import LLM, SamplingParams
+
+    llm = LLM(batch_invariant=True, max_running_requests=48, chunk_size=256)
+    eng = llm.engine
+    text = long_text(3000)
+    probes = ["In the forest", text]
+    mine = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=12)
+    eng.logits_log = []
+    alone = [llm.generate(p, mine)[0] for p in probes]
+    solo = {(o.request_id, pos): lg for o in alone for rid, pos, lg in eng.logits_log
+            if rid == o.request_id}
+    eng.logits_log = []
+    others = [f"Story {i}: " * (1 + i % 7) for i in range(40)]
+    crowd = llm.generate(probes + others, [mine, mine] + [
+        SamplingParams(temperature=1.0, max_tokens=8 + i % 9) for i in range(40)])
+    for a, c in zip(alone, crowd[:2]):
+        assert c.token_ids == a.token_ids
+        mine_rows = [(pos, lg) for rid, pos, lg in eng.logits_log if rid == c.request_id]
+        assert len(mine_rows) == len(a.token_ids)
+        for pos, lg in mine_rows:
+            assert torch.equal(lg, solo[(a.request_id, pos)])

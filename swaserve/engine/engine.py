@@ -95,12 +95,16 @@ class Engine:
         except (ValueError, KeyError, RuntimeError) as e:
             raise ModelLoadError(f"{self.source.path}: cannot load weights: {e}") from e
         self.layout = cfg.cache_layout()
+        # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
+        self.prefix_cache = config.prefix_cache and not config.batch_invariant
         self.plan = self._plan()
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
-                             prefix_cache=config.prefix_cache)
-        self.runner = ModelRunner(self.model, cfg, self.cache, self.device)
-        self.scheduler = Scheduler(self.cache, config.chunk_size)
+                             prefix_cache=self.prefix_cache)
+        self.runner = ModelRunner(self.model, cfg, self.cache, self.device,
+                                  batch_invariant=config.batch_invariant)
+        self.scheduler = Scheduler(self.cache, config.chunk_size,
+                                   aligned_chunks=config.batch_invariant)
         self.vocab_size = cfg.vocab_size
         self.sampler = Sampler(self.vocab_size, self.device, config.seed)
         eos = set(cfg.eos_token_ids)
@@ -130,7 +134,7 @@ class Engine:
             budget = int(_free_memory_bytes(self.device) * c.mem_fraction)
         budget = budget or DEFAULT_KV_MEMORY
         window_cache = 0
-        if c.prefix_cache and self.layout.sliding_layers:
+        if self.prefix_cache and self.layout.sliding_layers:
             window_cache = (parse_bytes(c.window_cache_memory) if c.window_cache_memory
                             else budget // 5)
         return plan_memory(self.layout, budget, dtype_bytes,

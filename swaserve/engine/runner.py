@@ -25,6 +25,11 @@ from swaserve.models.registry import model_class
 log = logging.getLogger("swaserve")
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+# batch-invariant mode: matmul row blocks, and the least key width of a decode row (torch's
+# CPU flash attention splits keys in blocks of 512 from 512 keys on, of the whole width
+# below, so a row padded past 512 in a batch would otherwise be summed differently)
+INVARIANT_ROW_BLOCK = 32
+INVARIANT_MIN_KEYS = 512
 
 
 def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
@@ -56,8 +61,9 @@ class PreparedBatch:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: KVCache,
-                 device: torch.device):
+                 device: torch.device, batch_invariant: bool = False):
         self.model = model
+        self.batch_invariant = batch_invariant
         self.cfg = cfg
         self.cache = cache
         self.device = device
@@ -129,7 +135,8 @@ class ModelRunner:
                 sampled.append(s)
                 logit_rows.append(offset - 1)
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
-                             self._t(logit_rows), window_write)
+                             self._t(logit_rows), window_write,
+                             INVARIANT_ROW_BLOCK if self.batch_invariant else None)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, fill)
 
@@ -140,11 +147,13 @@ class ModelRunner:
         qpos = self._t([s.start for s in seqs])
         lengths = qpos + 1
         lmax = max(s.start for s in seqs) + 1
+        if self.batch_invariant:  # every row's keys in the same blocks, alone or not
+            lmax = max(lmax, min(INVARIANT_MIN_KEYS, self.cache.rows.req_to_token.shape[1]))
         full = sliding = None
         if self.cache.full is not None:
             keys = torch.arange(lmax, device=self.device)
             slots = self.cache.rows.req_to_token[rows, :lmax]
-            same = all(s.start == seqs[0].start for s in seqs)
+            same = all(s.start == seqs[0].start for s in seqs) and not self.batch_invariant
             mask = None if same else (keys[None, :] < lengths[:, None]).view(b, 1, 1, lmax)
             full = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask)
         if self.cache.window is not None:

@@ -42,9 +42,13 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, cache: KVCache, chunk_size: int):
+    def __init__(self, cache: KVCache, chunk_size: int, aligned_chunks: bool = False):
         self.cache = cache
         self.chunk_size = chunk_size
+        # batch-invariant mode: a prompt is computed in chunks [0, C), [C, 2C), ... whatever
+        # runs beside it (a chunk waits for a step with room rather than shrinking), and
+        # decodes do not draw on the prefill budget
+        self.aligned_chunks = aligned_chunks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -126,13 +130,15 @@ class Scheduler:
         budget = self.chunk_size
         scheduled: set[str] = set()
         for req in list(self.running):
-            if budget == 0:
+            if budget == 0 and not self.aligned_chunks:  # aligned: decodes cost no budget
                 break
             if req.status is not RequestStatus.RUNNING:  # retracted earlier, or finished
                 continue
             if req.num_generated >= req.max_new_tokens:  # its pending token is its last
                 continue
-            n = min(req.num_uncomputed_tokens, budget)
+            n = self._chunk(req.num_uncomputed_tokens, budget)
+            if n == 0:
+                continue
             if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch,
                                    can_retract):
                 continue
@@ -140,7 +146,7 @@ class Scheduler:
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
-            budget -= n
+            budget -= n if n > 1 or not self.aligned_chunks else 0
         while self.waiting and budget > 0 and not batch.retracted and not batch.blocked:
             req = self.waiting[0]
             if self.cache.rows.num_free == 0:
@@ -149,7 +155,9 @@ class Scheduler:
             # computed so that there are logits to sample from
             hit = self.cache.match_prefix(req.tokens(0, req.num_tokens - 1))
             start = hit.num_tokens if hit is not None else 0
-            n = min(req.num_tokens - start, budget)
+            n = self._chunk(req.num_tokens - start, budget)
+            if n == 0:
+                break
             # charge the tokens written now plus the first decode token after the prompt
             need = self.cache.pages_needed(None, min(start + n + 1, req.max_total_tokens))
             need -= start // self.cache.page_size
@@ -174,6 +182,15 @@ class Scheduler:
             scheduled.add(req.request_id)
             budget -= n
         return batch
+
+    def _chunk(self, uncomputed: int, budget: int) -> int:
+        """Tokens to compute now for a request with `uncomputed` left (0: not this step)."""
+        if not self.aligned_chunks:
+            return min(uncomputed, budget)
+        if uncomputed == 1:  # a decode
+            return 1
+        n = min(uncomputed, self.chunk_size)
+        return n if n <= budget else 0
 
     def _make_room(self, req: Request, num_tokens: int, scheduled: set[str], batch: Batch,
                    can_retract: bool) -> bool:

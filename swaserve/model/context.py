@@ -62,3 +62,5 @@ class ForwardContext:
     logits_indices: torch.Tensor  # [S] rows of the flattened batch whose logits are sampled
     # prefix cache: (token indices, window-page slots) the sliding layers also write through to
     window_write: tuple[torch.Tensor, torch.Tensor] | None = None
+    # batch-invariant mode: matmuls in blocks of at most this many rows (layers.linear)
+    row_block: int | None = None

@@ -77,9 +77,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None) -> torch.Tensor:
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
-    than a one-row matmul (the batch-1 decode path)."""
+    than a one-row matmul (the batch-1 decode path). With `row_block`, rows are multiplied
+    in blocks of at most that many (see `rows_in_blocks`)."""
+    if row_block is not None and x.shape[0] > row_block:
+        return rows_in_blocks(lambda part: linear(part, w), x, row_block)
     if x.dim() == 2 and x.shape[0] == 1:
         return torch.mv(w, x[0])[None]
     return torch.nn.functional.linear(x, w)
+
+
+def rows_in_blocks(fn, x: torch.Tensor, row_block: int) -> torch.Tensor:
+    """fn over blocks of at most `row_block` rows of x, concatenated: batch-invariant
+    matmuls. CPU GEMM kernels pick their blocking by the number of rows (on this machine's
+    oneDNN every count up to 32 gives a row the same bits, 33 and more do not), so a row's
+    result would otherwise depend on how many other rows share its step."""
+    if x.shape[0] <= row_block:
+        return fn(x)
+    return torch.cat([fn(part) for part in x.split(row_block)])

@@ -83,7 +83,7 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
-        logits = linear(x, self.embed if self.lm_head is None else self.lm_head)
+        logits = linear(x, self.embed if self.lm_head is None else self.lm_head, ctx.row_block)
         if self.cfg.final_logit_softcapping:
             cap = self.cfg.final_logit_softcapping
             logits = torch.tanh(logits.float() / cap) * cap

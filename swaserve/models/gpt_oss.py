@@ -17,7 +17,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.model.layers import apply_rope, linear, rms_norm, rows_in_blocks
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -72,29 +72,34 @@ class GptOssLayer(DecoderLayerBase):
         self.down = nn.Parameter(torch.empty(e, inter, h))
         self.down_bias = nn.Parameter(torch.empty(e, h))
 
-    def moe(self, x: torch.Tensor) -> torch.Tensor:
-        logits = linear(x, self.router) + self.router_bias
+    def moe(self, x: torch.Tensor, row_block: int | None) -> torch.Tensor:
+        logits = linear(x, self.router, row_block) + self.router_bias
         top, idx = logits.topk(self.top_k, dim=-1)
         weights = torch.softmax(top, dim=-1)
         out = torch.zeros_like(x)
         for e in idx.unique().tolist():
             tok, slot = (idx == e).nonzero(as_tuple=True)
-            gu = x[tok] @ self.gate_up[e] + self.gate_up_bias[e]
+            gu = _matmul(x[tok], self.gate_up[e], row_block) + self.gate_up_bias[e]
             gate = gu[:, ::2].clamp(max=self.limit)
             up = gu[:, 1::2].clamp(-self.limit, self.limit)
-            y = ((up + 1) * gate * torch.sigmoid(gate * self.alpha)) @ self.down[e] + self.down_bias[e]
+            y = (_matmul((up + 1) * gate * torch.sigmoid(gate * self.alpha), self.down[e],
+                         row_block) + self.down_bias[e])
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
         return out
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv)
-                                   + self.qkv_bias)
+        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
+                                          ctx.row_block) + self.qkv_bias)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
-        x = x + linear(o, self.o) + self.o_bias
-        return x + self.moe(rms_norm(x, self.ffn_norm, self.eps))
+        x = x + linear(o, self.o, ctx.row_block) + self.o_bias
+        return x + self.moe(rms_norm(x, self.ffn_norm, self.eps), ctx.row_block)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, row_block: int | None) -> torch.Tensor:
+    return a @ b if row_block is None else rows_in_blocks(lambda part: part @ b, a, row_block)
 
 
 def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:

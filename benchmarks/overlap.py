@@ -92,7 +92,7 @@ def main() -> int:
         decode_run(llm, prompts[:4], free[:4])
     runs: dict[str, list[dict]] = {"overlap on": [], "overlap off": []}
     for i in range(args.repeats):
-        for overlap in (True, False):
+        for overlap in ((True, False) if i % 2 == 0 else (False, True)):  # no order bias
             log(f"[overlap] repeat {i + 1}/{args.repeats}, overlap={overlap}")
             runs["overlap on" if overlap else "overlap off"].append(
                 decode_run(llms[overlap], prompts, free))
@@ -104,17 +104,22 @@ def main() -> int:
     runs["grammar, overlap on"], runs["free, overlap on"] = [], []
     for i in range(args.repeats):
         log(f"[grammar] repeat {i + 1}/{args.repeats}")
-        runs["grammar, overlap on"].append(decode_run(llms[True], prompts, grammar))
-        runs["free, overlap on"].append(decode_run(llms[True], prompts, free))
+        for name in (("grammar", "free") if i % 2 == 0 else ("free", "grammar")):
+            runs[f"{name}, overlap on"].append(
+                decode_run(llms[True], prompts, grammar if name == "grammar" else free))
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     print(f"batch {args.batch}, {args.new_tokens} new tokens, medians of {args.repeats}")
     print(f"{'run':24}{'ms/token':>10}{'step ms':>10}{'host ms/step':>14}")
     for k, v in med.items():
         print(f"{k:24}{v['ms_per_token']:10.2f}{v['step_ms']:10.1f}{v['host_ms_per_step']:14.2f}")
     on, off = med["overlap on"], med["overlap off"]
-    saved = 1 - on["ms_per_token"] / off["ms_per_token"]
-    print(f"overlap: {saved:+.1%} wall per output token (on/off ratio "
-          f"{on['ms_per_token'] / off['ms_per_token']:.3f}); engine-thread work without "
+    # each repeat measures on and off back to back: the ratio within a pair is steadier
+    # than the ratio of medians on a machine whose speed drifts
+    pairs = statistics.median(a["ms_per_token"] / b["ms_per_token"]
+                              for a, b in zip(runs["overlap on"], runs["overlap off"]))
+    print(f"overlap: {1 - pairs:+.1%} wall per output token (median on/off ratio of paired "
+          f"runs {pairs:.3f}; of medians {on['ms_per_token'] / off['ms_per_token']:.3f}); "
+          f"engine-thread work without "
           f"overlap {off['host_ms_per_step']:.2f} ms of a {off['step_ms']:.1f} ms step "
           f"({off['host_ms_per_step'] / off['step_ms']:.1%}, the most overlap can hide)")
     g, f = med["grammar, overlap on"], med["free, overlap on"]

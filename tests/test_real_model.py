@@ -155,3 +155,19 @@ def test_batch_invariant_mode_gives_a_request_the_same_bits_in_a_crowd():
         assert len(mine_rows) == len(a.token_ids)
         for pos, lg in mine_rows:
             assert torch.equal(lg, solo[(a.request_id, pos)])
+
+
+def test_int8_lm_head_is_the_gguf_embedding_exactly(gguf_path):
+    """The tied LM head read as Q8_0 blocks equals gguf's own dequantization bit for bit."""
+    import gguf
+    import numpy as np
+
+    from swaserve.model.loader import load_q8_lm_head
+    from swaserve.model.source import resolve_model
+
+    w = load_q8_lm_head(resolve_model(gguf_path))
+    assert w is not None and tuple(w.q.shape) == (262144, 640)
+    reader = gguf.GGUFReader(gguf_path)
+    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    ref = gguf.quants.dequantize(t.data, t.tensor_type)
+    assert np.array_equal(w.dequantize().numpy(), ref)

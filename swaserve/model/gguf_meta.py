@@ -20,6 +20,19 @@ class GGUFFormatError(ValueError):
 
 
 def read_gguf_metadata(path: str | Path, max_array: int = 1024) -> dict[str, Any]:
+    return _read_header(path, max_array)[0]
+
+
+def read_gguf_tensor_infos(path: str | Path) -> tuple[dict[str, tuple[tuple[int, ...], int, int]],
+                                                        int]:
+    """{name: (dims, ggml type, offset)} and the file offset where tensor data starts;
+    dims as GGUF stores them (innermost first), offsets relative to the data start."""
+    meta, infos, end = _read_header(path, 1024, tensors=True)
+    align = int(meta.get("general.alignment", 32))
+    return infos, (end + align - 1) // align * align
+
+
+def _read_header(path: str | Path, max_array: int, tensors: bool = False):
     with open(path, "rb") as fh:
         data = fh.read(64 * 1024 * 1024) if Path(path).stat().st_size > 0 else b""
     view = memoryview(data)
@@ -66,7 +79,7 @@ def read_gguf_metadata(path: str | Path, max_array: int = 1024) -> dict[str, Any
     version = take("<I")
     if version not in (2, 3):
         raise GGUFFormatError(f"unsupported GGUF version {version}")
-    take("<Q")  # tensor count
+    tensor_count = take("<Q")
     kv_count = take("<Q")
     meta: dict[str, Any] = {"GGUF.version": version}
     for _ in range(kv_count):
@@ -85,4 +98,12 @@ def read_gguf_metadata(path: str | Path, max_array: int = 1024) -> dict[str, Any
                     skip_value(et)
         else:
             meta[key] = [value(et) for _ in range(n)]
-    return meta
+    if not tensors:
+        return meta, None, pos
+    infos = {}
+    for _ in range(tensor_count):
+        name = string()
+        dims = tuple(take("<Q") for _ in range(take("<I")))
+        ggml_type = take("<I")
+        infos[name] = (dims, ggml_type, take("<Q"))
+    return meta, infos, pos

@@ -146,3 +146,31 @@ def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str
                 yield k, _cast(st.get_tensor(k), dtype)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: {e}") from e
+
+
+# -- int8 LM head ------------------------------------------------------------------------------
+
+GGML_Q8_0 = 8
+
+
+def load_q8_lm_head(source: ModelSource):
+    """The LM head as int8 + per-32 scales when the GGUF stores it as Q8_0 (tied to the
+    embedding when there is no output.weight); None otherwise. Read straight from the file:
+    the blocks are memory-mapped, no dequantization."""
+    from swaserve.kernels.q8 import BLOCK, Q8Weight
+    from swaserve.model.gguf_meta import read_gguf_tensor_infos
+
+    if source.fmt != "gguf":
+        return None
+    infos, data_start = read_gguf_tensor_infos(source.path)
+    name = "output.weight" if "output.weight" in infos else "token_embd.weight"
+    if name not in infos:
+        return None
+    dims, ggml_type, offset = infos[name]
+    if ggml_type != GGML_Q8_0 or len(dims) != 2 or dims[0] % BLOCK:
+        return None
+    k, n = dims
+    nbytes = n * (k // BLOCK) * (2 + BLOCK)
+    raw = np.memmap(source.path, dtype=np.uint8, mode="r", offset=data_start + offset,
+                    shape=(nbytes,))
+    return Q8Weight.from_q8_0_blocks(raw, n, k)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swaserve.kernels.q8 import Q8Weight
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
@@ -44,6 +45,9 @@ class DecoderLayerBase(nn.Module):
                 v.reshape(t, self.num_kv_heads, self.head_dim))
 
 
+Q8_ROWS = 4  # rows up to which the int8 LM head beats bf16 AMX (benchmarks/README.md)
+
+
 class CausalLM(nn.Module):
     layer: type[nn.Module]
     weights: WeightMap
@@ -57,6 +61,9 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(self.layer(cfg, i) for i in range(cfg.num_layers))
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
+        # the LM head's int8 blocks (kernels/q8.py), set by the engine when the checkpoint
+        # has them; used for batches of up to Q8_ROWS rows
+        self.lm_head_q8: Q8Weight | None = None
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
         full = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -83,7 +90,12 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
-        logits = linear(x, self.embed if self.lm_head is None else self.lm_head, ctx.row_block)
+        logits = None
+        if self.lm_head_q8 is not None and x.shape[0] <= Q8_ROWS:
+            logits = self.lm_head_q8.matvec(x)  # float32, from the exact int8 blocks
+        if logits is None:
+            logits = linear(x, self.embed if self.lm_head is None else self.lm_head,
+                            ctx.row_block)
         if self.cfg.final_logit_softcapping:
             cap = self.cfg.final_logit_softcapping
             logits = torch.tanh(logits.float() / cap) * cap

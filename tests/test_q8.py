@@ -1,0 +1,52 @@
+"""The int8 LM head: Q8_0 blocks read as int8 + scales are the GGUF's weights exactly, and
+the kernel multiplies them to float32 round-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from swaserve.kernels import q8
+
+
+def q8_0_blocks(w: np.ndarray) -> np.ndarray:
+    import gguf
+
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+
+
+def test_blocks_read_as_int8_and_scales_are_the_dequantized_weights():
+    import gguf
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 96)).astype(np.float32)
+    raw = q8_0_blocks(w)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0)
+    got = q8.Q8Weight.from_q8_0_blocks(raw, 48, 96).dequantize().numpy()
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.skipif(not q8.available(), reason="no C compiler for the kernel")
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+def test_matvec_matches_float64(m):
+    g = torch.Generator().manual_seed(m)
+    w = q8.Q8Weight(torch.randint(-127, 128, (1000, 640), generator=g, dtype=torch.int8),
+                    torch.rand(1000, 20, generator=g) * 0.02)
+    x = torch.randn(m, 640, generator=g).to(torch.bfloat16)
+    y = w.matvec(x)
+    ref = x.double() @ w.dequantize().double().T
+    assert y.dtype == torch.float32 and y.shape == (m, 1000)
+    assert torch.allclose(y.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
+
+
+def test_more_rows_than_the_kernel_takes_fall_back():
+    w = q8.Q8Weight(torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1))
+    assert w.matvec(torch.zeros(q8.MAX_ROWS + 1, 32)) is None
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="K % 32"):
+        q8.Q8Weight(torch.zeros(4, 30, dtype=torch.int8), torch.ones(4, 1))
+    with pytest.raises(ValueError, match="scales"):
+        q8.Q8Weight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3))

@@ -50,3 +50,9 @@ def test_bad_shapes_are_refused():
         q8.Q8Weight(torch.zeros(4, 30, dtype=torch.int8), torch.ones(4, 1))
     with pytest.raises(ValueError, match="scales"):
         q8.Q8Weight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3))
+
+
+def test_an_unwritable_cache_leaves_the_kernel_off_not_the_engine_broken(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert q8._compile("cc", blocker / "kernels" / "q8.so") is False  # a file, not a folder

@@ -54,19 +54,8 @@ def _load():
         src = _SOURCE.read_bytes()
         tag = hashlib.sha256(src + os.uname().machine.encode()).hexdigest()[:16]
         lib = _cache_dir() / f"q8_matvec-{tag}.so"
-        if not lib.exists():
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-            os.close(fd)
-            cmd = [cc, "-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared",
-                   "-pthread", str(_SOURCE), "-o", tmp]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                os.unlink(tmp)
-                log.warning("int8 kernel did not compile, bf16 used instead: %s",
-                            r.stderr.strip()[:300])
-                return None
-            os.replace(tmp, lib)
+        if not lib.exists() and not _compile(cc, lib):
+            return None
         try:
             handle = ctypes.CDLL(str(lib))
         except OSError as e:
@@ -77,6 +66,25 @@ def _load():
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         _lib = fn
         return _lib
+
+
+def _compile(cc: str, lib: Path) -> bool:
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+        os.close(fd)
+        cmd = [cc, "-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-pthread",
+               str(_SOURCE), "-o", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("int8 kernel could not be built, bf16 used instead: %s", e)
+        return False
+    if r.returncode != 0:
+        os.unlink(tmp)
+        log.warning("int8 kernel did not compile, bf16 used instead: %s", r.stderr.strip()[:300])
+        return False
+    os.replace(tmp, lib)  # atomic: a concurrent start sees the whole library or none
+    return True
 
 
 def available() -> bool:

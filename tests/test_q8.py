@@ -55,4 +55,29 @@ def test_bad_shapes_are_refused():
 def test_an_unwritable_cache_leaves_the_kernel_off_not_the_engine_broken(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert q8._compile("cc", blocker / "kernels" / "q8.so") is False  # a file, not a folder
+    from pathlib import Path
+
+    from swaserve.kernels import build
+
+    source = Path(q8.__file__).with_name("q8_matvec.c")
+    assert build.compile_library("cc", source, blocker / "kernels" / "q8.so") is False
+
+
+def test_rms_norm_kernel_matches_torch_on_rows_and_head_views():
+    import torch.nn.functional as F
+
+    from swaserve.kernels.norm import rms_norm_bf16
+
+    g = torch.Generator().manual_seed(0)
+    qkv = (torch.randn(9, 1536, generator=g) * 3).to(torch.bfloat16)
+    for x, w in [(qkv[:, :640], torch.rand(640, generator=g) + 0.5),
+                 (qkv[:, :1024].view(9, 4, 256), torch.rand(256, generator=g) + 0.5)]:
+        got = rms_norm_bf16(x, w, 1e-6)
+        if got is None:
+            pytest.skip("no C compiler for the kernel")
+        ref = F.rms_norm(x.float(), w.shape, w, 1e-6).to(torch.bfloat16)
+        assert got.shape == x.shape and got.is_contiguous()
+        # float32 sums in another order: at most one bf16 step apart, almost always equal
+        assert (got != ref).float().mean() < 1e-3
+        assert torch.allclose(got.float(), ref.float(), rtol=2**-7, atol=0)
+    assert rms_norm_bf16(qkv.float(), torch.ones(1536), 1e-6) is None  # not bf16: torch

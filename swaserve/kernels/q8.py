@@ -3,88 +3,35 @@
 At batch 1 a decode step is bound by the bytes of weights it reads; the 640 x 262,144 LM
 head of the bundled model is Q8_0 in its GGUF, so it is kept as int8 + scales beside its
 bf16 copy (which larger batches multiply on AMX) and small batches go through
-`q8_matvec.c`. The kernel is compiled on first use with the system's C compiler
-(-O3 -march=native) into the swaserve cache; without a compiler the bf16 path is used.
+`q8_matvec.c` (built by kernels/build.py; without a compiler the bf16 path is used).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
 import numpy as np
 import torch
 
-log = logging.getLogger("swaserve")
+from swaserve.kernels import build
 
 BLOCK = 32
 MAX_ROWS = 8  # rows of activations one call takes (q8_matvec.c)
-_SOURCE = Path(__file__).with_name("q8_matvec.c")
-_lib = None
-_tried = False
-_lock = threading.Lock()
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("SWASERVE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "swaserve")
-    return Path(base) / "kernels"
+_fn = None
 
 
 def _load():
-    """The compiled kernel, built once per source and machine; None when it cannot be."""
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("SWASERVE_NO_KERNELS") == "1":
+    """The kernel's entry point, or None when it cannot be built here."""
+    global _fn
+    if _fn is None:
+        lib = build.load("q8_matvec")
+        if lib is None:
             return None
-        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-        if cc is None:
-            log.info("no C compiler: int8 matrix-vector kernel off, bf16 used instead")
-            return None
-        src = _SOURCE.read_bytes()
-        tag = hashlib.sha256(src + os.uname().machine.encode()).hexdigest()[:16]
-        lib = _cache_dir() / f"q8_matvec-{tag}.so"
-        if not lib.exists() and not _compile(cc, lib):
-            return None
-        try:
-            handle = ctypes.CDLL(str(lib))
-        except OSError as e:
-            log.warning("int8 kernel did not load, bf16 used instead: %s", e)
-            return None
-        fn = handle.q8_matvec
+        fn = lib.q8_matvec
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        _lib = fn
-        return _lib
-
-
-def _compile(cc: str, lib: Path) -> bool:
-    try:
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-        os.close(fd)
-        cmd = [cc, "-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-pthread",
-               str(_SOURCE), "-o", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.warning("int8 kernel could not be built, bf16 used instead: %s", e)
-        return False
-    if r.returncode != 0:
-        os.unlink(tmp)
-        log.warning("int8 kernel did not compile, bf16 used instead: %s", r.stderr.strip()[:300])
-        return False
-    os.replace(tmp, lib)  # atomic: a concurrent start sees the whole library or none
-    return True
+        _fn = fn
+    return _fn
 
 
 def available() -> bool:

@@ -7,11 +7,16 @@ import math
 import torch
 import torch.nn.functional as F
 
+from swaserve.kernels.norm import rms_norm_bf16
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32; `weight` is the full multiplier (Gemma's 1 + w is folded
-    in at load time). torch's fused kernel: the same bits as x * rsqrt(mean(x^2) + eps) * w,
-    in one op instead of six (there are six norms per Gemma layer)."""
+    in at load time). bf16 rows on the CPU take one C call (kernels/norm.py; a Gemma layer
+    has six norms, and torch spends ~8 ops on each); otherwise torch's rms_norm."""
+    y = rms_norm_bf16(x, weight, eps)
+    if y is not None:
+        return y
     return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
 
 

@@ -1,0 +1,73 @@
+"""Small C kernels, compiled on first use with the system's C compiler (-O3 -march=native,
+so they vectorise for the machine that runs them) into the swaserve cache, and loaded with
+ctypes. Without a compiler, or with SWASERVE_NO_KERNELS=1, `load` returns None and callers
+keep their torch path."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger("swaserve")
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SWASERVE_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "swaserve")
+    return Path(base) / "kernels"
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The library built from `<name>.c` beside this file (once per source and machine)."""
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _build(name)
+        return _loaded[name]
+
+
+def _build(name: str) -> ctypes.CDLL | None:
+    if os.environ.get("SWASERVE_NO_KERNELS") == "1":
+        return None
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        log.info("no C compiler: %s kernel off, torch used instead", name)
+        return None
+    source = Path(__file__).with_name(f"{name}.c")
+    tag = hashlib.sha256(source.read_bytes() + os.uname().machine.encode()).hexdigest()[:16]
+    lib = cache_dir() / f"{name}-{tag}.so"
+    if not lib.exists() and not compile_library(cc, source, lib):
+        return None
+    try:
+        return ctypes.CDLL(str(lib))
+    except OSError as e:
+        log.warning("%s kernel did not load, torch used instead: %s", name, e)
+        return None
+
+
+def compile_library(cc: str, source: Path, lib: Path) -> bool:
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+        os.close(fd)
+        cmd = [cc, "-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-pthread",
+               str(source), "-o", tmp, "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("%s kernel could not be built, torch used instead: %s", source.stem, e)
+        return False
+    if r.returncode != 0:
+        os.unlink(tmp)
+        log.warning("%s kernel did not compile, torch used instead: %s", source.stem,
+                    r.stderr.strip()[:300])
+        return False
+    os.replace(tmp, lib)  # atomic: a concurrent start sees the whole library or none
+    return True

@@ -70,9 +70,10 @@ class EngineConfig:
         "help": "a request's output does not depend on what runs beside it, in bf16 too: "
                 "matmuls in blocks of 32 rows, decode keys padded to 512, prompts chunked at "
                 "fixed positions, no prefix cache (slower prefill)"})
-    int8_lm_head: bool = field(default=True, metadata={
-        "help": "batches of up to 8 rows multiply a Q8_0 LM head in int8 (exact, half the "
-                "bytes of bf16; bf16/fp16 on CPU with a C compiler)"})
+    int8_weights: bool = field(default=True, metadata={
+        "help": "batches of up to 4 rows multiply the GGUF's Q8_0/Q5_0 weights (LM head, "
+                "q/k/v, gate/up) as exact int8 blocks: about half the bytes of bf16 "
+                "(bf16/fp16 on CPU with a C compiler)"})
     overlap: bool = field(default=True, metadata={
         "help": "schedule and prepare the next step while the current one computes"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})

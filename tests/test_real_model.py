@@ -157,17 +157,28 @@ def test_batch_invariant_mode_gives_a_request_the_same_bits_in_a_crowd():
             assert torch.equal(lg, solo[(a.request_id, pos)])
 
 
-def test_int8_lm_head_is_the_gguf_embedding_exactly(gguf_path):
-    """The tied LM head read as Q8_0 blocks equals gguf's own dequantization bit for bit."""
+def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
+    """The LM head and every q/k/v and gate/up read as int8 blocks equal gguf's own
+    dequantization bit for bit."""
     import gguf
     import numpy as np
 
-    from swaserve.model.loader import load_q8_lm_head
+    from swaserve.model.loader import load_q8_weights
     from swaserve.model.source import resolve_model
 
-    w = load_q8_lm_head(resolve_model(gguf_path))
-    assert w is not None and tuple(w.q.shape) == (262144, 640)
+    ws = load_q8_weights(resolve_model(gguf_path), 18)
+    assert tuple(ws["lm_head"].q.shape) == (262144, 640)
+    assert len(ws) == 1 + 2 * 18  # every layer's q/k/v and gate/up are Q5_0 or Q8_0
     reader = gguf.GGUFReader(gguf_path)
-    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    ref = gguf.quants.dequantize(t.data, t.tensor_type)
-    assert np.array_equal(w.dequantize().numpy(), ref)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def deq(name):
+        t = tensors[name]
+        return gguf.quants.dequantize(t.data, t.tensor_type)
+
+    assert np.array_equal(ws["lm_head"].dequantize().numpy(), deq("token_embd.weight"))
+    for i in (0, 5, 17):  # attn_v is Q8_0 in some layers and Q5_0 in others
+        qkv = np.concatenate([deq(f"blk.{i}.attn_{x}.weight") for x in "qkv"])
+        assert np.array_equal(ws[f"{i}.qkv"].dequantize().numpy(), qkv)
+        gate_up = np.concatenate([deq(f"blk.{i}.ffn_{x}.weight") for x in ("gate", "up")])
+        assert np.array_equal(ws[f"{i}.gate_up"].dequantize().numpy(), gate_up)

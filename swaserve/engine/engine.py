@@ -37,7 +37,7 @@ from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from swaserve.kernels import q8
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import MemoryPlan, plan_memory
-from swaserve.model.loader import load_q8_lm_head
+from swaserve.model.loader import load_q8_weights
 from swaserve.model.source import ModelLoadError, resolve_model
 from swaserve.model.tokenizer import load_tokenizer
 from swaserve.models.registry import model_class
@@ -96,11 +96,11 @@ class Engine:
             raise
         except (ValueError, KeyError, RuntimeError) as e:
             raise ModelLoadError(f"{self.source.path}: cannot load weights: {e}") from e
-        if (config.int8_lm_head and self.dtype != torch.float32 and self.device.type == "cpu"
+        if (config.int8_weights and self.dtype != torch.float32 and self.device.type == "cpu"
                 and not config.batch_invariant and q8.available()):
             # float32 stays the plain reference path; batch-invariant mode needs one kernel
             # for every row count
-            self.model.lm_head_q8 = load_q8_lm_head(self.source)
+            self.model.use_q8(load_q8_weights(self.source, cfg.num_layers))
         self.layout = cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant

@@ -17,6 +17,7 @@ from swaserve.kernels import build
 
 BLOCK = 32
 MAX_ROWS = 8  # rows of activations one call takes (q8_matvec.c)
+FAST_ROWS = 4  # up to this many rows the kernel beats bf16 AMX (benchmarks/README.md)
 _fn = None
 
 
@@ -57,6 +58,24 @@ class Q8Weight:
         d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
         q = blocks[:, :, 2:].copy().view(np.int8).reshape(n, k)
         return cls(torch.from_numpy(q), torch.from_numpy(d))
+
+    @classmethod
+    def from_q5_0_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
+        """From GGUF Q5_0 data: per block of 32, a float16 scale, 32 high bits (uint32), then
+        16 bytes of low nibbles (values j and j + 16 share byte j); value = 5 bits - 16."""
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // BLOCK, 22)
+        d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+        qh = blocks[:, :, 2:6].copy().view(np.uint32)[:, :, 0]
+        qs = blocks[:, :, 6:22].astype(np.int16)
+        bits = (qh[:, :, None] >> np.arange(32, dtype=np.uint32)) & 1
+        low = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
+        q = (low | (bits.astype(np.int16) << 4)) - 16
+        return cls(torch.from_numpy(q.astype(np.int8).reshape(n, k)), torch.from_numpy(d))
+
+    @classmethod
+    def stack(cls, parts: list[Q8Weight]) -> Q8Weight:
+        """Rows of several weights one after the other (q, k, v -> qkv)."""
+        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.q.shape

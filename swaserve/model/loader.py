@@ -148,29 +148,53 @@ def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str
         raise ModelLoadError(f"{path}: {e}") from e
 
 
-# -- int8 LM head ------------------------------------------------------------------------------
+# -- int8 weights ---------------------------------------------------------------------------
 
-GGML_Q8_0 = 8
+GGML_Q8_0, GGML_Q5_0 = 8, 6
+_BLOCK_BYTES = {GGML_Q8_0: 34, GGML_Q5_0: 22}  # per 32 weights
 
 
-def load_q8_lm_head(source: ModelSource):
-    """The LM head as int8 + per-32 scales when the GGUF stores it as Q8_0 (tied to the
-    embedding when there is no output.weight); None otherwise. Read straight from the file:
-    the blocks are memory-mapped, no dequantization."""
-    from swaserve.kernels.q8 import BLOCK, Q8Weight
-    from swaserve.model.gguf_meta import read_gguf_tensor_infos
+class _Q8Reader:
+    """GGUF tensors stored as Q8_0 or Q5_0, read as int8 + scales straight from the
+    memory-mapped file (no dequantization)."""
 
+    def __init__(self, path: Path):
+        from swaserve.model.gguf_meta import read_gguf_tensor_infos
+
+        self.path = path
+        self.infos, self.data_start = read_gguf_tensor_infos(path)
+
+    def get(self, name: str):
+        from swaserve.kernels.q8 import BLOCK, Q8Weight
+
+        if name not in self.infos:
+            return None
+        dims, ggml_type, offset = self.infos[name]
+        if ggml_type not in _BLOCK_BYTES or len(dims) != 2 or dims[0] % BLOCK:
+            return None
+        k, n = dims
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + offset,
+                        shape=(n * (k // BLOCK) * _BLOCK_BYTES[ggml_type],))
+        if ggml_type == GGML_Q8_0:
+            return Q8Weight.from_q8_0_blocks(raw, n, k)
+        return Q8Weight.from_q5_0_blocks(raw, n, k)
+
+    def stacked(self, names: list[str]):
+        from swaserve.kernels.q8 import Q8Weight
+
+        parts = [self.get(n) for n in names]
+        return None if any(p is None for p in parts) else Q8Weight.stack(parts)
+
+
+def load_q8_weights(source: ModelSource, num_layers: int):
+    """int8 copies of the weights the GGUF stores as Q8_0 / Q5_0 (exact): the LM head
+    (tied to the embedding when there is no output.weight) under "lm_head", and per layer
+    "qkv" and "gate_up" when all their parts are. {} for other sources."""
     if source.fmt != "gguf":
-        return None
-    infos, data_start = read_gguf_tensor_infos(source.path)
-    name = "output.weight" if "output.weight" in infos else "token_embd.weight"
-    if name not in infos:
-        return None
-    dims, ggml_type, offset = infos[name]
-    if ggml_type != GGML_Q8_0 or len(dims) != 2 or dims[0] % BLOCK:
-        return None
-    k, n = dims
-    nbytes = n * (k // BLOCK) * (2 + BLOCK)
-    raw = np.memmap(source.path, dtype=np.uint8, mode="r", offset=data_start + offset,
-                    shape=(nbytes,))
-    return Q8Weight.from_q8_0_blocks(raw, n, k)
+        return {}
+    r = _Q8Reader(source.path)
+    out = {"lm_head": r.get("output.weight" if "output.weight" in r.infos else "token_embd.weight")}
+    for i in range(num_layers):
+        out[f"{i}.qkv"] = r.stacked([f"blk.{i}.attn_{x}.weight" for x in ("q", "k", "v")])
+        out[f"{i}.gate_up"] = r.stacked([f"blk.{i}.ffn_{x}.weight" for x in ("gate", "up")])
+    return {k: v for k, v in out.items() if v is not None}

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8 import FAST_ROWS, Q8Weight
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
@@ -35,6 +35,7 @@ class DecoderLayerBase(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
         self.o = nn.Parameter(torch.empty(h, self.q_size))
+        self.q8: dict[str, Q8Weight] = {}  # exact int8 copies for small batches (use_q8)
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, (H + 2 KVH) * D] -> q [T, H, D], k and v [T, KVH, D]."""
@@ -43,9 +44,6 @@ class DecoderLayerBase(nn.Module):
         return (q.reshape(t, self.num_heads, self.head_dim),
                 k.reshape(t, self.num_kv_heads, self.head_dim),
                 v.reshape(t, self.num_kv_heads, self.head_dim))
-
-
-Q8_ROWS = 4  # rows up to which the int8 LM head beats bf16 AMX (benchmarks/README.md)
 
 
 class CausalLM(nn.Module):
@@ -61,8 +59,8 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(self.layer(cfg, i) for i in range(cfg.num_layers))
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
-        # the LM head's int8 blocks (kernels/q8.py), set by the engine when the checkpoint
-        # has them; used for batches of up to Q8_ROWS rows
+        # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
+        # has them; used for batches of up to FAST_ROWS rows
         self.lm_head_q8: Q8Weight | None = None
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
@@ -75,6 +73,21 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Fill the parameters from HF-named checkpoint tensors."""
         load_by_map(self, weights, self.weights, self.layers)
+
+    def use_q8(self, q8: dict[str, Q8Weight]) -> None:
+        """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
+        "<i>.gate_up"; each is checked against its bf16 parameter's shape."""
+        def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
+            return w is not None and p is not None and tuple(w.q.shape) == tuple(p.shape)
+
+        head = q8.get("lm_head")
+        if fits(head, self.embed if self.lm_head is None else self.lm_head):
+            self.lm_head_q8 = head
+        for i, layer in enumerate(self.layers):
+            for name in ("qkv", "gate_up"):
+                w = q8.get(f"{i}.{name}")
+                if fits(w, getattr(layer, name, None)):
+                    layer.q8[name] = w
 
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
@@ -91,7 +104,7 @@ class CausalLM(nn.Module):
             x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
         logits = None
-        if self.lm_head_q8 is not None and x.shape[0] <= Q8_ROWS:
+        if self.lm_head_q8 is not None and x.shape[0] <= FAST_ROWS:
             logits = self.lm_head_q8.matvec(x)  # float32, from the exact int8 blocks
         if logits is None:
             logits = linear(x, self.embed if self.lm_head is None else self.lm_head,

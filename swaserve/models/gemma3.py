@@ -61,14 +61,14 @@ class Gemma3Layer(DecoderLayerBase):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
         q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
-                                           ctx.row_block))
+                                           ctx.row_block, self.q8.get("qkv")))
         q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block)
         x = x + rms_norm(o, self.post_attn_norm, self.eps)
         h = rms_norm(x, self.ffn_norm, self.eps)
-        gate, up = linear(h, self.gate_up, ctx.row_block).chunk(2, dim=-1)
+        gate, up = linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
         h = linear(F.gelu(gate, approximate="tanh") * up, self.down, ctx.row_block)
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
 

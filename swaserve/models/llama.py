@@ -34,7 +34,8 @@ class DecoderLayer(DecoderLayerBase):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, ctx.row_block)
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, ctx.row_block,
+                     self.q8.get("qkv"))
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         q, k, v = self.split_heads(qkv)
@@ -44,7 +45,7 @@ class DecoderLayer(DecoderLayerBase):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         x = x + linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block)
         gate, up = linear(rms_norm(x, self.ffn_norm, self.eps), self.gate_up,
-                          ctx.row_block).chunk(2, dim=-1)
+                          ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down, ctx.row_block)
 
 

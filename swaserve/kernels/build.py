@@ -42,7 +42,10 @@ def _build(name: str) -> ctypes.CDLL | None:
         log.info("no C compiler: %s kernel off, torch used instead", name)
         return None
     source = Path(__file__).with_name(f"{name}.c")
-    tag = hashlib.sha256(source.read_bytes() + os.uname().machine.encode()).hexdigest()[:16]
+    # -march=native code must never be loaded on another CPU (a shared home directory):
+    # the CPU's feature flags are part of the name
+    tag = hashlib.sha256(source.read_bytes() + os.uname().machine.encode()
+                         + _cpu_flags().encode()).hexdigest()[:16]
     lib = cache_dir() / f"{name}-{tag}.so"
     if not lib.exists() and not compile_library(cc, source, lib):
         return None
@@ -51,6 +54,17 @@ def _build(name: str) -> ctypes.CDLL | None:
     except OSError as e:
         log.warning("%s kernel did not load, torch used instead: %s", name, e)
         return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return ""
 
 
 def compile_library(cc: str, source: Path, lib: Path) -> bool:
@@ -70,4 +84,10 @@ def compile_library(cc: str, source: Path, lib: Path) -> bool:
                     r.stderr.strip()[:300])
         return False
     os.replace(tmp, lib)  # atomic: a concurrent start sees the whole library or none
+    for old in lib.parent.glob(f"{source.stem}-*.so"):  # builds of earlier sources
+        if old != lib:
+            try:
+                old.unlink()
+            except OSError:
+                pass
     return True

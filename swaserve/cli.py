@@ -45,7 +45,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n,
         stop=args.stop or None, ignore_eos=args.ignore_eos,
-        repetition_penalty=args.repetition_penalty)
+        repetition_penalty=args.repetition_penalty, json_schema=args.json_schema,
+        json_object=args.json_object, regex=args.regex, grammar=args.grammar)
     llm = LLM(**dataclasses.asdict(engine_config(args)))
     prompt = [int(t) for t in args.prompt.split(",")] if args.token_ids else args.prompt
     out = llm.generate(prompt, params)[0]
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--token-ids", action="store_true", help="PROMPT is comma-separated token ids")
     g.add_argument("--json", action="store_true", help="print JSON")
+    g.add_argument("--json-schema", help="output follows this JSON schema (JSON text)")
+    g.add_argument("--json-object", action="store_true", help="output is a JSON object")
+    g.add_argument("--regex", help="output matches this regular expression")
+    g.add_argument("--grammar", help="output follows this EBNF (GBNF) or Lark grammar")
     add_engine_args(g)
     g.set_defaults(func=_cmd_generate)
 

@@ -182,3 +182,17 @@ def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
         assert np.array_equal(ws[f"{i}.qkv"].dequantize().numpy(), qkv)
         gate_up = np.concatenate([deq(f"blk.{i}.ffn_{x}.weight") for x in ("gate", "up")])
         assert np.array_equal(ws[f"{i}.gate_up"].dequantize().numpy(), gate_up)
+
+
+def test_cli_structured_output_and_bad_grammar():
+    import re
+
+    r = subprocess.run([sys.executable, "-m", "swaserve", "generate", "My number is",
+                        "--regex", "[0-9]{3}-[0-9]{4}", "--max-tokens", "16", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])["outputs"][0]
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", out["text"]) and out["finish_reason"] == "stop"
+    r = subprocess.run([sys.executable, "-m", "swaserve", "generate", "x", "--regex", "a(b"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "regex:" in r.stderr and "Traceback" not in r.stderr

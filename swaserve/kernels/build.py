@@ -34,6 +34,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return _loaded[name]
 
 
+def function(library: str, symbol: str, restype, argtypes: list):
+    """`symbol` of kernel `library` with its C signature set, or None when it cannot be
+    built here."""
+    lib = load(library)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)  # ctypes keeps one object per symbol
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
 def _build(name: str) -> ctypes.CDLL | None:
     if os.environ.get("SWASERVE_NO_KERNELS") == "1":
         return None

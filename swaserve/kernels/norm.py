@@ -10,20 +10,11 @@ import torch
 from swaserve.kernels import build
 
 MAX_DIM = 8192  # the C kernel's row buffer
-_fn = None
 
 
 def _load():
-    global _fn
-    if _fn is None:
-        lib = build.load("rms_norm")
-        if lib is None:
-            return None
-        fn = lib.rms_norm_bf16
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float]
-        _fn = fn
-    return _fn
+    return build.function("rms_norm", "rms_norm_bf16", None,
+                          [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_float])
 
 
 def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

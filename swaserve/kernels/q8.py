@@ -18,21 +18,12 @@ from swaserve.kernels import build
 BLOCK = 32
 MAX_ROWS = 8  # rows of activations one call takes (q8_matvec.c)
 FAST_ROWS = 4  # up to this many rows the kernel beats bf16 AMX (benchmarks/README.md)
-_fn = None
 
 
 def _load():
     """The kernel's entry point, or None when it cannot be built here."""
-    global _fn
-    if _fn is None:
-        lib = build.load("q8_matvec")
-        if lib is None:
-            return None
-        fn = lib.q8_matvec
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        _fn = fn
-    return _fn
+    return build.function("q8_matvec", "q8_matvec", ctypes.c_int,
+                          [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
 def available() -> bool:

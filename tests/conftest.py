@@ -73,6 +73,15 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return seq[len(ids):]
 
 
+def tiny_engine(path, **kw):
+    """An Engine for a tiny checkpoint: float32, small pool and pages (override any)."""
+    from swaserve.engine.engine import Engine
+
+    kw = {"dtype": "float32", "kv_memory": "16MiB", "max_running_requests": 8,
+          "page_size": 4, "chunk_size": 16, **kw}
+    return Engine(model=path, **kw)
+
+
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()

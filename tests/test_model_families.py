@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import hf_greedy, hf_logits, random_prompt
+from conftest import hf_greedy, hf_logits, random_prompt, tiny_engine
 
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
@@ -95,12 +95,7 @@ def gpt_oss(tmp_path_factory):
 
 
 def engine(path, **kw) -> Engine:
-    kw.setdefault("dtype", "float32")
-    kw.setdefault("kv_memory", "16MiB")
-    kw.setdefault("max_running_requests", 8)
-    kw.setdefault("chunk_size", 7)
-    kw.setdefault("page_size", 4)
-    return Engine(model=path, **kw)
+    return tiny_engine(path, **{"chunk_size": 7, **kw})  # 7: chunk boundaries off pages
 
 
 def check_against_reference(path, ref, n_prompts=3):

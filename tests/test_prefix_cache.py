@@ -5,20 +5,12 @@ from __future__ import annotations
 import torch
 from conftest import TINY_WINDOW as W
 from conftest import random_prompt
+from conftest import tiny_engine as engine
 
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
 
 TOL = 1e-4
-
-
-def engine(path, **kw) -> Engine:
-    kw.setdefault("dtype", "float32")
-    kw.setdefault("kv_memory", "16MiB")
-    kw.setdefault("max_running_requests", 8)
-    kw.setdefault("page_size", 4)
-    kw.setdefault("chunk_size", 16)
-    return Engine(model=path, **kw)
 
 
 def run(eng: Engine, prompts, max_tokens=12):

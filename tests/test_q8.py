@@ -34,15 +34,76 @@ def test_matvec_matches_float64(m):
     w = q8.Q8Weight(torch.randint(-127, 128, (1000, 640), generator=g, dtype=torch.int8),
                     torch.rand(1000, 20, generator=g) * 0.02)
     x = torch.randn(m, 640, generator=g).to(torch.bfloat16)
-    y = w.matvec(x)
+    y = w.matmul(x)
     ref = x.double() @ w.dequantize().double().T
     assert y.dtype == torch.float32 and y.shape == (m, 1000)
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
 
 
+def random_weight(n: int, k: int, seed: int) -> q8.Q8Weight:
+    g = torch.Generator().manual_seed(seed)
+    return q8.Q8Weight(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+                       torch.rand(n, k // 32, generator=g) * 0.02 + 1e-4)
+
+
+def test_tiles_hold_the_same_weight():
+    w = random_weight(48, 96, 0)
+    t = w.to_tiles()
+    assert t.tiled and t.shape == w.shape and t.q.shape == (3, 3, 16, 16, 2)
+    q, s = t.rows()
+    assert torch.equal(q, w.q) and torch.equal(s, w.scales)
+    # block (n, b), pair p, output j, value i is weight [16 n + j, 32 b + 2 p + i]
+    assert t.q[2, 1, 5, 7, 1] == w.q[2 * 16 + 7, 1 * 32 + 2 * 5 + 1]
+    assert torch.equal(t.dequantize(), w.dequantize())
+    with pytest.raises(ValueError, match="multiple of 16"):
+        random_weight(40, 32, 0).to_tiles()
+    with pytest.raises(ValueError, match="row-major"):
+        q8.Q8Weight.stack([t, w])
+
+
+amx = pytest.mark.skipif(not q8.amx_available(), reason="no AMX (or no compiler) here")
+
+
+@amx
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 48, 640), (16, 64, 96), (17, 32, 640),
+                                   (32, 1536, 640), (33, 80, 64), (70, 256, 640)])
+def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
+    """The tile kernel multiplies bf16(scale * q), the values of the bf16 copy, by bf16
+    activations with float32 sums: float32 round-off from a float64 product of the same
+    values, and measurably not the product of the unrounded weights."""
+    w = random_weight(n, k, m).to_tiles()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    y = w.matmul(x)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
+    unrounded = x.double() @ w.dequantize().double().T
+    tol = 1e-6 * k ** 0.5 * ref.abs().max().item()
+    assert (y.double() - ref).abs().max().item() < tol
+    assert (unrounded - ref).abs().max().item() > 10 * tol
+
+
+@amx
+def test_amx_rows_do_not_depend_on_their_batch():
+    w = random_weight(96, 640, 1).to_tiles()
+    x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    whole = w.matmul(x)
+    for lo, hi in [(0, 1), (3, 20), (7, 40), (31, 33)]:
+        assert torch.equal(w.matmul(x[lo:hi]), whole[lo:hi])
+
+
+@amx
+def test_tiles_take_bf16_only_and_say_so():
+    w = random_weight(32, 64, 3).to_tiles()
+    x = torch.randn(2, 64)
+    assert not w.takes(x) and w.matmul(x) is None
+    assert w.takes(x.to(torch.bfloat16)) and not w.takes(x[:0].new_zeros(33, 64).bfloat16())
+    assert w.for_activations(torch.bfloat16) is w
+    assert not random_weight(32, 64, 3).for_activations(torch.float16).tiled
+
+
 def test_more_rows_than_the_kernel_takes_fall_back():
     w = q8.Q8Weight(torch.zeros(64, 32, dtype=torch.int8), torch.ones(64, 1))
-    assert w.matvec(torch.zeros(q8.MAX_ROWS + 1, 32)) is None
+    assert w.matmul(torch.zeros(q8.MAX_ROWS + 1, 32)) is None
 
 
 def test_bad_shapes_are_refused():
@@ -59,7 +120,7 @@ def test_an_unwritable_cache_leaves_the_kernel_off_not_the_engine_broken(tmp_pat
 
     from swaserve.kernels import build
 
-    source = Path(q8.__file__).with_name("q8_matvec.c")
+    source = Path(q8.__file__).with_name("q8.c")
     assert build.compile_library("cc", source, blocker / "kernels" / "q8.so") is False
 
 

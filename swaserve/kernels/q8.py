@@ -1,9 +1,17 @@
 """int8 weights with a float scale per 32 (GGUF Q8_0): exact, and half the bytes of bf16.
 
-At batch 1 a decode step is bound by the bytes of weights it reads; the 640 x 262,144 LM
-head of the bundled model is Q8_0 in its GGUF, so it is kept as int8 + scales beside its
-bf16 copy (which larger batches multiply on AMX) and small batches go through
-`q8_matvec.c` (built by kernels/build.py; without a compiler the bf16 path is used).
+A decode step is bound by the bytes of weights it reads; the bundled model's LM head
+(640 x 262,144) and every layer's q/k/v and gate/up are Q8_0 or Q5_0 in its GGUF, so they
+are kept as int8 + scales beside their bf16 copies (which prefill chunks multiply) and
+decode batches go through `q8.c` (built by kernels/build.py; without a compiler the bf16
+path is used). Two layouts:
+
+- row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to FAST_ROWS rows);
+- AMX tiles (`to_tiles`, on CPUs with AMX and for bf16 activations): each block of 16
+  outputs x 32 inputs in the pair-interleaved order of an AMX tile. `q8_amx` widens a
+  block to bf16 (weight times scale, rounded once: the very values of the bf16 copy) and
+  multiplies it on the tile unit, up to AMX_ROWS rows: LM head 15 vs 30 ms at 8 rows, 24
+  vs 44 at 32 (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -16,22 +24,45 @@ import torch
 from swaserve.kernels import build
 
 BLOCK = 32
-MAX_ROWS = 8  # rows of activations one call takes (q8_matvec.c)
-FAST_ROWS = 4  # up to this many rows the kernel beats bf16 AMX (benchmarks/README.md)
+MAX_ROWS = 8  # rows of activations one q8_matvec call takes (q8.c)
+FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
+AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
+TILE_N = 16  # outputs in one AMX tile
+_SIGNATURE = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_amx_ok: bool | None = None
 
 
-def _load():
-    """The kernel's entry point, or None when it cannot be built here."""
-    return build.function("q8_matvec", "q8_matvec", ctypes.c_int,
-                          [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+def _matvec():
+    """The kernels' entry points, or None when they cannot be built here."""
+    return build.function("q8", "q8_matvec", ctypes.c_int, _SIGNATURE)
+
+
+def _amx():
+    return build.function("q8", "q8_amx", ctypes.c_int, _SIGNATURE)
 
 
 def available() -> bool:
-    return _load() is not None
+    return _matvec() is not None
+
+
+def amx_available() -> bool:
+    """The kernel was built with AMX and the OS grants this process the tile registers
+    (checked once, on a real product)."""
+    global _amx_ok
+    if _amx_ok is None:
+        _amx_ok = False
+        if _amx() is not None:
+            w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
+                         torch.full((TILE_N, 1), 0.5)).to_tiles()
+            y = w._run_amx(torch.ones(1, BLOCK, dtype=torch.bfloat16))
+            _amx_ok = y is not None and bool((y == 16.0).all())
+    return _amx_ok
 
 
 class Q8Weight:
-    """An [N, K] weight as int8 values and float32 scales per block of 32 along K."""
+    """An [N, K] weight as int8 values and float32 scales per block of 32 along K, in rows
+    (q [N, K], scales [N, K / 32]) or in AMX tiles (q [N/16, K/32, 16, 16, 2],
+    scales [N/16, K/32, 16]; see `to_tiles`)."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor):
         if q.dtype != torch.int8 or q.dim() != 2 or q.shape[1] % BLOCK:
@@ -41,6 +72,8 @@ class Q8Weight:
         self.scales = scales.to(torch.float32).contiguous()
         if self.scales.shape != (q.shape[0], q.shape[1] // BLOCK):
             raise ValueError(f"Q8Weight: scales {tuple(scales.shape)} do not match {tuple(q.shape)}")
+        self.shape = (q.shape[0], q.shape[1])
+        self.tiled = False
 
     @classmethod
     def from_q8_0_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
@@ -66,16 +99,72 @@ class Q8Weight:
     @classmethod
     def stack(cls, parts: list[Q8Weight]) -> Q8Weight:
         """Rows of several weights one after the other (q, k, v -> qkv)."""
+        if any(p.tiled for p in parts):
+            raise ValueError("Q8Weight.stack: stack row-major weights, then tile them")
         return cls(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
 
-    def dequantize(self) -> torch.Tensor:
-        n, k = self.q.shape
-        return (self.q.view(n, k // BLOCK, BLOCK).float() * self.scales[:, :, None]).view(n, k)
+    def to_tiles(self) -> Q8Weight:
+        """The same weight in AMX tile order: block (n, b) of 16 outputs x 32 inputs holds,
+        for each input pair p, the two values of each output in turn (q[n*16 + j, b*32 +
+        2p + i] at [n, b, p, j, i]). Needs N % 16 == 0."""
+        if self.tiled:
+            return self
+        n, k = self.shape
+        if n % TILE_N:
+            raise ValueError(f"Q8Weight.to_tiles: N = {n} is not a multiple of {TILE_N}")
+        t = Q8Weight.__new__(Q8Weight)
+        t.q = self.q.view(n // TILE_N, TILE_N, k // BLOCK, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+        t.scales = self.scales.view(n // TILE_N, TILE_N, k // BLOCK).permute(0, 2, 1).contiguous()
+        t.shape, t.tiled = self.shape, True
+        return t
 
-    def matvec(self, x: torch.Tensor) -> torch.Tensor | None:
+    def for_activations(self, dtype: torch.dtype) -> Q8Weight:
+        """The layout the fastest kernel here takes for activations of `dtype`."""
+        if dtype == torch.bfloat16 and self.shape[0] % TILE_N == 0 and amx_available():
+            return self.to_tiles()
+        return self
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [N, K], scales [N, K / 32]) whichever the layout."""
+        if not self.tiled:
+            return self.q, self.scales
+        n, k = self.shape
+        return (self.q.permute(0, 3, 1, 2, 4).reshape(n, k),
+                self.scales.permute(0, 2, 1).reshape(n, k // BLOCK))
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.shape
+        q, scales = self.rows()
+        return (q.view(n, k // BLOCK, BLOCK).float() * scales[:, :, None]).view(n, k)
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether `matmul` runs x here at least as fast as the bf16 copy would."""
+        if self.tiled:
+            return x.shape[0] <= AMX_ROWS and x.dtype == torch.bfloat16
+        return x.shape[0] <= FAST_ROWS
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [M, K] (CPU) @ W.T in float32, or None when no kernel here takes it: tiles take
+        bf16 x of any M (best up to AMX_ROWS), rows take up to MAX_ROWS rows."""
+        if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.shape[1]:
+            return None
+        return self._run_amx(x) if self.tiled else self._run_matvec(x)
+
+    def _run_amx(self, x: torch.Tensor) -> torch.Tensor | None:
+        fn = _amx()
+        if fn is None or x.dtype != torch.bfloat16:
+            return None
+        x = x.contiguous()
+        m, k = x.shape
+        y = torch.empty(m, self.shape[0], dtype=torch.float32)
+        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), y.data_ptr(),
+                m, self.shape[0], k, torch.get_num_threads())
+        return y if rc == 0 else None
+
+    def _run_matvec(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [M, K] (M <= MAX_ROWS, CPU) @ W.T in float32; None when the kernel is absent."""
-        fn = _load()
-        if fn is None or x.shape[0] > MAX_ROWS or x.device.type != "cpu":
+        fn = _matvec()
+        if fn is None or self.tiled or x.shape[0] > MAX_ROWS or x.device.type != "cpu":
             return None
         xf = x.to(torch.float32).contiguous()
         m, k = xf.shape

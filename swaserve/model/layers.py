@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from swaserve.kernels.norm import rms_norm_bf16
-from swaserve.kernels.q8 import FAST_ROWS, Q8Weight
+from swaserve.kernels.q8 import Q8Weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -88,9 +88,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
     than a one-row matmul (the batch-1 decode path). With `row_block`, rows are multiplied
     in blocks of at most that many (see `rows_in_blocks`). `q8`, the same weight as exact
-    int8 blocks, takes batches of up to FAST_ROWS rows (half the bytes to read)."""
-    if q8 is not None and x.shape[0] <= FAST_ROWS:
-        y = q8.matvec(x)
+    int8 blocks, takes the batches its kernel runs faster (half the bytes to read)."""
+    if q8 is not None and q8.takes(x):
+        y = q8.matmul(x)
         if y is not None:
             return y.to(x.dtype)
     if row_block is not None and x.shape[0] > row_block:

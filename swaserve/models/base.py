@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.kernels.q8 import FAST_ROWS, Q8Weight
+from swaserve.kernels.q8 import Q8Weight
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
@@ -60,7 +60,7 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
         # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
-        # has them; used for batches of up to FAST_ROWS rows
+        # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
@@ -78,7 +78,7 @@ class CausalLM(nn.Module):
         """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
         "<i>.gate_up"; each is checked against its bf16 parameter's shape."""
         def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
-            return w is not None and p is not None and tuple(w.q.shape) == tuple(p.shape)
+            return w is not None and p is not None and w.shape == tuple(p.shape)
 
         head = q8.get("lm_head")
         if fits(head, self.embed if self.lm_head is None else self.lm_head):
@@ -104,8 +104,8 @@ class CausalLM(nn.Module):
             x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
         logits = None
-        if self.lm_head_q8 is not None and x.shape[0] <= FAST_ROWS:
-            logits = self.lm_head_q8.matvec(x)  # float32, from the exact int8 blocks
+        if self.lm_head_q8 is not None and self.lm_head_q8.takes(x):
+            logits = self.lm_head_q8.matmul(x)  # float32, from the exact int8 blocks
         if logits is None:
             logits = linear(x, self.embed if self.lm_head is None else self.lm_head,
                             ctx.row_block)

@@ -1,0 +1,361 @@
+/* y[m, n] = sum_b d[n, b] * sum_{k < 32} q[n, 32 b + k] * x[m, 32 b + k]
+ *
+ * Matrix-vector products over int8 weights with one float scale per block of 32 (the
+ * layout of GGUF Q8_0): a row of weights is read once, as 1 byte a weight plus 4 bytes a
+ * block, for up to MAX_ROWS activation rows. Threads split the output features. Built at
+ * run time on the machine that runs it (-O3 -march=native), so the loops vectorise with
+ * that machine's instructions.
+ */
+#include <pthread.h>
+#include <stdint.h>
+
+#define BLOCK 32
+#define MAX_ROWS 8
+
+/* A pool of worker threads that stay for the life of the process: a decode step makes
+ * ~40 calls here, and creating and joining a thread costs ~30-40 us a call. `parallel`
+ * runs fn on jobs[0..n) with jobs[0] on the caller; calls from several threads take
+ * turns. Workers sleep on a condition variable between calls (no spinning: torch's own
+ * threads need the cores). A forked child starts with no workers. */
+#define MAX_THREADS 64
+#if defined(__x86_64__) || defined(__i386__)
+#define spin_pause() __builtin_ia32_pause()
+#else
+#define spin_pause() ((void)0)
+#endif
+typedef void *(*task_t)(void *);
+
+static struct {
+    pthread_mutex_t call, mu;
+    pthread_cond_t go;
+    int workers;          /* started so far */
+    unsigned long round;  /* bumped for every call */
+    task_t fn;
+    char *jobs;
+    size_t size;
+    int n, pending;
+    unsigned long born;   /* the round before the newest worker's first */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          0, 0, 0, 0, 0, 0, 0, 0};
+
+static void *worker(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.mu);
+    unsigned long seen = pool.born;  /* a worker started by this call must run its round */
+    for (;;) {
+        while (pool.round == seen) pthread_cond_wait(&pool.go, &pool.mu);
+        seen = pool.round;
+        if (id < pool.n) {
+            task_t fn = pool.fn;
+            void *job = pool.jobs + (size_t)id * pool.size;
+            pthread_mutex_unlock(&pool.mu);
+            fn(job);
+            __atomic_sub_fetch(&pool.pending, 1, __ATOMIC_RELEASE);
+            pthread_mutex_lock(&pool.mu);
+        }
+    }
+    return 0;
+}
+
+static void forget_workers(void) { pool.workers = 0; }
+
+static void parallel(task_t fn, void *jobs, size_t size, int n) {
+    static int hooked = 0;
+    pthread_mutex_lock(&pool.call);
+    if (!hooked) hooked = pthread_atfork(0, 0, forget_workers) == 0 || 1;
+    pthread_mutex_lock(&pool.mu);
+    pool.born = pool.round;
+    pthread_mutex_unlock(&pool.mu);
+    while (pool.workers < n - 1) {  /* worker ids 1..workers */
+        pthread_t t;
+        if (pthread_create(&t, 0, worker, (void *)(intptr_t)(pool.workers + 1))) break;
+        pthread_detach(t);
+        pool.workers++;
+    }
+    const int spread = n - 1 < pool.workers ? n : pool.workers + 1;
+    pthread_mutex_lock(&pool.mu);
+    pool.fn = fn;
+    pool.jobs = (char *)jobs;
+    pool.size = size;
+    pool.n = spread;
+    pool.pending = spread - 1;
+    pool.round++;
+    pthread_cond_broadcast(&pool.go);
+    pthread_mutex_unlock(&pool.mu);
+    fn(jobs);
+    for (int i = spread; i < n; i++) fn((char *)jobs + (size_t)i * size);  /* no worker */
+    /* the workers' shares take about as long as the caller's: wait for them awake */
+    while (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) > 0) spin_pause();
+    pthread_mutex_unlock(&pool.call);
+}
+
+typedef struct {
+    const float *x;      /* [m, k] */
+    const int8_t *q;     /* [n, k] */
+    const float *d;      /* [n, k / BLOCK] */
+    float *y;            /* [m, n] */
+    int64_t m, n, k, lo, hi;
+} job_t;
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* 32 int8 weights times their block scale, as two vectors of 16 floats */
+static inline void widen(const int8_t *qb, float db, __m512 *w0, __m512 *w1) {
+    const __m512 d = _mm512_set1_ps(db);
+    *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i *)qb))));
+    *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i *)(qb + 16)))));
+}
+
+static void rows(const job_t *j, int64_t r) {
+    const int64_t nb = j->k / BLOCK;
+    const int8_t *qr = j->q + r * j->k;
+    const float *dr = j->d + r * nb;
+    __m512 w0, w1;
+    if (j->m == 1) {  /* the batch-1 decode: accumulators stay in registers */
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            widen(qr + b * BLOCK, dr[b], &w0, &w1);
+            a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(j->x + b * BLOCK), a0);
+            a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(j->x + b * BLOCK + 16), a1);
+        }
+        j->y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        return;
+    }
+    __m512 a0[MAX_ROWS], a1[MAX_ROWS];
+    for (int64_t i = 0; i < j->m; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        widen(qr + b * BLOCK, dr[b], &w0, &w1);
+        for (int64_t i = 0; i < j->m; i++) {
+            const float *xb = j->x + i * j->k + b * BLOCK;
+            a0[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb), a0[i]);
+            a1[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), a1[i]);
+        }
+    }
+    for (int64_t i = 0; i < j->m; i++)
+        j->y[i * j->n + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+}
+#else
+static void rows(const job_t *j, int64_t r) {  /* portable: lane-wise, no cross-lane sums */
+    const int64_t nb = j->k / BLOCK;
+    const int8_t *qr = j->q + r * j->k;
+    const float *dr = j->d + r * nb;
+    float acc[MAX_ROWS][BLOCK] = {{0}};
+    for (int64_t b = 0; b < nb; b++) {
+        float w[BLOCK];
+        for (int t = 0; t < BLOCK; t++) w[t] = dr[b] * (float)qr[b * BLOCK + t];
+        for (int64_t i = 0; i < j->m; i++) {
+            const float *xb = j->x + i * j->k + b * BLOCK;
+            for (int t = 0; t < BLOCK; t++) acc[i][t] += w[t] * xb[t];
+        }
+    }
+    for (int64_t i = 0; i < j->m; i++) {
+        float s = 0.0f;
+        for (int t = 0; t < BLOCK; t++) s += acc[i][t];
+        j->y[i * j->n + r] = s;
+    }
+}
+#endif
+
+static void *run(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    for (int64_t r = j->lo; r < j->hi; r++) rows(j, r);
+    return 0;
+}
+
+/* 0 on success; -1 for shapes it does not take (m > MAX_ROWS, k not a multiple of 32) */
+int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t m,
+              int64_t n, int64_t k, int threads) {
+    if (m < 1 || m > MAX_ROWS || k % BLOCK != 0 || threads < 1) return -1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    job_t jobs[MAX_THREADS];
+    int64_t per = (n + threads - 1) / threads;
+    for (int t = 0; t < threads; t++) {
+        int64_t lo = t * per < n ? t * per : n, hi = lo + per < n ? lo + per : n;
+        jobs[t] = (job_t){x, q, d, y, m, n, k, lo, hi};
+    }
+    parallel(run, jobs, sizeof(job_t), threads);
+    return 0;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+/* Batches of more rows: the same int8 blocks, widened to bf16 tiles (each weight times
+ * its block scale, rounded once to bf16: the very values of the bf16 copy) and multiplied
+ * on AMX with float32 accumulation. Weights are packed so that one block of 16 outputs x
+ * 32 inputs is one tile in AMX's pair-interleaved order: pq [N/16][K/32][16 pairs][16][2]
+ * int8, ps [N/16][K/32][16] float. A thread widens a pair of column blocks over all of K
+ * once and reuses it for every 32 rows of x. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_BYTES 1024 /* 16 rows x 64 bytes */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+typedef struct {
+    const uint16_t *x;   /* bf16 [m, k] */
+    const int8_t *pq;
+    const float *ps;
+    float *y;            /* [m, n] */
+    int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
+    int rc;
+} amx_job_t;
+
+/* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1 */
+static void widen_tile(const int8_t *pq, const float *ps, uint16_t *out) {
+    const __m512 s = _mm512_loadu_ps(ps);
+    const __m512 slo = _mm512_permutexvar_ps(
+        _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), s);
+    const __m512 shi = _mm512_permutexvar_ps(
+        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8), s);
+    for (int l = 0; l < 8; l++)  /* the block 4 ahead: keeps the loads in flight */
+        _mm_prefetch((const char *)pq + 2048 + l * 64, _MM_HINT_T0);
+    for (int r = 0; r < 16; r++) {
+        const int8_t *p = pq + r * 32;
+        __m512 lo = _mm512_mul_ps(slo, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)p))));
+        __m512 hi = _mm512_mul_ps(shi, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(p + 16)))));
+        _mm512_store_si512((void *)(out + r * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+static void config(int rows0, int rows1) {
+    /* tiles 0-3: C[i][j] (rows of i, 16 floats); 4, 5: A[i] (32 bf16); 6, 7: B[j] */
+    tilecfg_t cfg = {0};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = rows0;
+    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = rows1 > 0 ? rows1 : 1;
+    cfg.rows[6] = cfg.rows[7] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+/* C tiles 0-3 to y: through a staging buffer with streaming stores. A tile stored
+ * straight into y writes 16 rows n floats apart, which for a wide y (the LM head: 1 MB)
+ * all fall into one cache set and evict each other. */
+static void store_c(float *y, int64_t ldy, int rows0, int rows1, int two, float *stage) {
+    _tile_stored(0, stage, 64);
+    if (two) _tile_stored(1, stage + 256, 64);
+    if (rows1 > 0) {
+        _tile_stored(2, stage + 512, 64);
+        if (two) _tile_stored(3, stage + 768, 64);
+    }
+    const int aligned = ((uintptr_t)y & 63) == 0 && (ldy & 15) == 0;
+    for (int t = 0; t < 4; t++) {
+        if ((t & 1) && !two) continue;
+        const int rows = t < 2 ? rows0 : rows1;
+        float *dst = y + (t >> 1) * 16 * ldy + (t & 1) * 16;
+        for (int r = 0; r < rows; r++) {
+            const __m512 v = _mm512_load_ps(stage + t * 256 + r * 16);
+            if (aligned) _mm512_stream_ps(dst + r * ldy, v);
+            else _mm512_storeu_ps(dst + r * ldy, v);
+        }
+    }
+}
+
+static void *amx_run(void *arg) {
+    amx_job_t *j = (amx_job_t *)arg;
+    const int64_t nkb = j->k / BLOCK;
+    /* up to 32 rows, x stays in L1 and blocks are widened as they are used; more rows
+     * reuse a pair of column blocks widened over all of K */
+    const int whole = j->m > 32;
+    uint16_t *buf = aligned_alloc(64, (size_t)(whole ? nkb : 1) * 2 * TILE_BYTES + 4096);
+    if (!buf) { j->rc = -1; return 0; }
+    float *stage = (float *)(buf + (whole ? nkb : 1) * 2 * 512);
+    int cur0 = -1, cur1 = -1;
+    for (int64_t cb = j->lo; cb < j->hi; cb += 2) {
+        const int two = cb + 1 < j->hi;
+        const int8_t *pq = j->pq + cb * nkb * 512;
+        const float *ps = j->ps + cb * nkb * 16;
+        if (whole)
+            for (int64_t kb = 0; kb < nkb; kb++)
+                for (int t = 0; t <= two; t++)
+                    widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * 16,
+                               buf + (kb * 2 + t) * 512);
+        for (int64_t m0 = 0; m0 < j->m; m0 += 32) {
+            const int64_t left = j->m - m0;
+            const int rows0 = left < 16 ? (int)left : 16, rows1 = left > 32 ? 16 : (int)left - 16;
+            if (rows0 != cur0 || rows1 != cur1) { config(rows0, rows1); cur0 = rows0; cur1 = rows1; }
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            /* x repacked: [m / 32][K / 32][32 rows][32], so a tile is 1 KB in a row */
+            const uint16_t *x0 = j->x + (m0 / 32) * nkb * 1024, *x1 = x0 + 512;
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const uint16_t *b = buf + (whole ? kb * 2 * 512 : 0);
+                if (!whole)
+                    for (int t = 0; t <= two; t++)
+                        widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * 16,
+                                   buf + t * 512);
+                _tile_loadd(4, x0 + kb * 1024, 64);
+                _tile_loadd(6, b, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) { _tile_loadd(7, b + 512, 64); _tile_dpbf16ps(1, 4, 7); }
+                if (rows1 > 0) {
+                    _tile_loadd(5, x1 + kb * 1024, 64);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            store_c(j->y + m0 * j->n + cb * 16, j->n, rows0, rows1, two, stage);
+        }
+    }
+    _mm_sfence();
+    _tile_release();
+    free(buf);
+    return 0;
+}
+
+static int amx_permitted = 0; /* 1 granted, -1 refused by the kernel */
+
+/* 0 on success; -1 for shapes it does not take, -2 when the OS does not grant AMX */
+int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, float *y, int64_t m,
+           int64_t n, int64_t k, int threads) {
+    if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
+    if (!amx_permitted)
+        amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) ? -1 : 1;
+    if (amx_permitted < 0) return -2;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    const int64_t blocks = n / 16, pairs = (blocks + 1) / 2;
+    if (threads > pairs) threads = (int)pairs;
+    amx_job_t jobs[MAX_THREADS];
+    const int64_t per = (pairs + threads - 1) / threads, nkb = k / BLOCK;
+    const int64_t chunks = (m + 31) / 32;
+    uint16_t *xp = aligned_alloc(64, (size_t)chunks * nkb * 2048);
+    if (!xp) return -1;
+    for (int64_t c = 0; c < chunks; c++)
+        for (int64_t kb = 0; kb < nkb; kb++)
+            for (int64_t r = 0; r < 32; r++) {
+                uint16_t *dst = xp + ((c * nkb + kb) * 32 + r) * 32;
+                if (c * 32 + r < m) memcpy(dst, x + (c * 32 + r) * k + kb * 32, 64);
+                else memset(dst, 0, 64);
+            }
+    x = xp;
+    for (int t = 0; t < threads; t++) {
+        int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
+        int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
+        jobs[t] = (amx_job_t){x, pq, ps, y, m, n, k, lo, hi, 0};
+    }
+    parallel(amx_run, jobs, sizeof(amx_job_t), threads);
+    int rc = 0;
+    for (int t = 0; t < threads; t++)
+        if (jobs[t].rc) rc = jobs[t].rc;
+    free(xp);
+    return rc;
+}
+#else
+int q8_amx(const void *x, const void *pq, const void *ps, float *y, int64_t m, int64_t n,
+           int64_t k, int threads) {
+    (void)x; (void)pq; (void)ps; (void)y; (void)m; (void)n; (void)k; (void)threads;
+    return -2; /* no AMX on this machine */
+}
+#endif

@@ -40,6 +40,40 @@ def test_matvec_matches_float64(m):
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
 
 
+def k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random GGUF Q4_K / Q6_K data with finite float16 d (and dmin): every bit pattern
+    of the packed scales and values occurs."""
+    rng = np.random.default_rng(seed)
+    size = {"Q4_K": 144, "Q6_K": 210}[kind]
+    sb = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    d = (rng.random((len(sb), 2)) * 1e-2 + 1e-4).astype(np.float16).view(np.uint8)
+    if kind == "Q4_K":
+        sb[:, 0:4] = d
+    else:
+        sb[:, 208:210] = d[:, :2]
+    return sb.reshape(-1)
+
+
+def weight_from(kind: str, raw: np.ndarray, n: int, k: int) -> q8.Q8Weight:
+    return {"Q4_K": q8.Q8Weight.from_q4_k_blocks,
+            "Q6_K": q8.Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_blocks_read_as_int8_are_the_dequantized_weights(kind):
+    import gguf
+
+    raw = k_quant_blocks(kind, 32, 512, 0)
+    ref = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(32, 512)
+    w = weight_from(kind, raw, 32, 512)
+    assert (w.group, w.offsets is not None) == ((32, True) if kind == "Q4_K" else (16, False))
+    assert not w.plain and not w.takes(torch.zeros(1, 512))  # q8_matvec takes plain only
+    assert np.array_equal(w.dequantize().numpy(), ref)
+    t = w.to_tiles()
+    assert np.array_equal(t.dequantize().numpy(), ref)
+    assert all(a is b or torch.equal(a, b) for a, b in zip(t.rows(), w.rows()))
+
+
 def random_weight(n: int, k: int, seed: int) -> q8.Q8Weight:
     g = torch.Generator().manual_seed(seed)
     return q8.Q8Weight(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
@@ -50,8 +84,8 @@ def test_tiles_hold_the_same_weight():
     w = random_weight(48, 96, 0)
     t = w.to_tiles()
     assert t.tiled and t.shape == w.shape and t.q.shape == (3, 3, 16, 16, 2)
-    q, s = t.rows()
-    assert torch.equal(q, w.q) and torch.equal(s, w.scales)
+    q, s, o = t.rows()
+    assert torch.equal(q, w.q) and torch.equal(s, w.scales) and o is None
     # block (n, b), pair p, output j, value i is weight [16 n + j, 32 b + 2 p + i]
     assert t.q[2, 1, 5, 7, 1] == w.q[2 * 16 + 7, 1 * 32 + 2 * 5 + 1]
     assert torch.equal(t.dequantize(), w.dequantize())
@@ -80,6 +114,17 @@ def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
     tol = 1e-6 * k ** 0.5 * ref.abs().max().item()
     assert (y.double() - ref).abs().max().item() < tol
     assert (unrounded - ref).abs().max().item() > 10 * tol
+
+
+@amx
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [1, 19, 32])
+def test_amx_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
+    w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
+    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    y = w.matmul(x)
+    ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
+    assert (y.double() - ref).abs().max().item() < 1e-6 * 32 * ref.abs().max().item()
 
 
 @amx

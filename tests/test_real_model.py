@@ -158,8 +158,8 @@ def test_batch_invariant_mode_gives_a_request_the_same_bits_in_a_crowd():
 
 
 def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
-    """The LM head and every q/k/v and gate/up read as int8 blocks equal gguf's own
-    dequantization bit for bit."""
+    """The LM head and every q/k/v, gate/up, attention output and down projection read as
+    int8 blocks equal gguf's own dequantization bit for bit (Q8_0, Q5_0, Q4_K, Q6_K)."""
     import gguf
     import numpy as np
 
@@ -168,7 +168,7 @@ def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
 
     ws = load_q8_weights(resolve_model(gguf_path), 18)
     assert tuple(ws["lm_head"].q.shape) == (262144, 640)
-    assert len(ws) == 1 + 2 * 18  # every layer's q/k/v and gate/up are Q5_0 or Q8_0
+    assert len(ws) == 1 + 4 * 18  # q/k/v, gate/up: Q5_0 or Q8_0; o: Q4_K; down: Q4_K or Q6_K
     reader = gguf.GGUFReader(gguf_path)
     tensors = {t.name: t for t in reader.tensors}
 
@@ -182,6 +182,14 @@ def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
         assert np.array_equal(ws[f"{i}.qkv"].dequantize().numpy(), qkv)
         gate_up = np.concatenate([deq(f"blk.{i}.ffn_{x}.weight") for x in ("gate", "up")])
         assert np.array_equal(ws[f"{i}.gate_up"].dequantize().numpy(), gate_up)
+    kinds = set()
+    for i in range(18):
+        for ours, theirs in (("o", "attn_output"), ("down", "ffn_down")):
+            name = f"blk.{i}.{theirs}.weight"
+            kinds.add(tensors[name].tensor_type.name)
+            got = ws[f"{i}.{ours}"].dequantize().numpy()
+            assert np.array_equal(got, deq(name).reshape(got.shape)), name
+    assert kinds == {"Q4_K", "Q6_K"}
 
 
 def test_cli_structured_output_and_bad_grammar():

@@ -100,8 +100,9 @@ class Engine:
                 and not config.batch_invariant and q8.available()):
             # float32 stays the plain reference path; batch-invariant mode needs one kernel
             # for every row count
-            self.model.use_q8({name: w.for_activations(self.dtype) for name, w in
-                               load_q8_weights(self.source, cfg.num_layers).items()})
+            fast = {name: w.for_activations(self.dtype)
+                    for name, w in load_q8_weights(self.source, cfg.num_layers).items()}
+            self.model.use_q8({name: w for name, w in fast.items() if w is not None})
         self.layout = cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant

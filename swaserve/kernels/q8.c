@@ -205,28 +205,37 @@ typedef struct {
 typedef struct {
     const uint16_t *x;   /* bf16 [m, k] */
     const int8_t *pq;
-    const float *ps;
+    const float *ps, *po; /* scales, offsets (or NULL) */
     float *y;            /* [m, n] */
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
+    int halves;          /* a scale per 16 inputs, not 32 */
     int rc;
 } amx_job_t;
 
-/* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1 */
-static void widen_tile(const int8_t *pq, const float *ps, uint16_t *out) {
-    const __m512 s = _mm512_loadu_ps(ps);
-    const __m512 slo = _mm512_permutexvar_ps(
-        _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), s);
-    const __m512 shi = _mm512_permutexvar_ps(
-        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8), s);
+/* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1,
+ * each value = q * scale - offset with the scale (and offset) of its output and of its
+ * 16 (halves) or 32 inputs; q * scale is exact in float32 for every GGUF format taken */
+static void widen_tile(const int8_t *pq, const float *ps, const float *po, int halves,
+                       uint16_t *out) {
+    const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i hi_idx = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10,
+                                            9, 9, 8, 8);
     for (int l = 0; l < 8; l++)  /* the block 4 ahead: keeps the loads in flight */
         _mm_prefetch((const char *)pq + 2048 + l * 64, _MM_HINT_T0);
-    for (int r = 0; r < 16; r++) {
-        const int8_t *p = pq + r * 32;
-        __m512 lo = _mm512_mul_ps(slo, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)p))));
-        __m512 hi = _mm512_mul_ps(shi, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(p + 16)))));
-        _mm512_store_si512((void *)(out + r * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    for (int h = 0; h < 2; h++) {
+        const int g = halves ? h * 16 : 0;
+        const __m512 s = _mm512_loadu_ps(ps + g);
+        const __m512 slo = _mm512_permutexvar_ps(lo_idx, s), shi = _mm512_permutexvar_ps(hi_idx, s);
+        const __m512 o = po ? _mm512_loadu_ps(po + g) : _mm512_setzero_ps();
+        const __m512 olo = _mm512_permutexvar_ps(lo_idx, o), ohi = _mm512_permutexvar_ps(hi_idx, o);
+        for (int r = h * 8; r < h * 8 + 8; r++) {
+            const int8_t *p = pq + r * 32;
+            __m512 lo = _mm512_sub_ps(_mm512_mul_ps(slo, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)p)))), olo);
+            __m512 hi = _mm512_sub_ps(_mm512_mul_ps(shi, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(p + 16))))), ohi);
+            _mm512_store_si512((void *)(out + r * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
     }
 }
 
@@ -277,11 +286,13 @@ static void *amx_run(void *arg) {
     for (int64_t cb = j->lo; cb < j->hi; cb += 2) {
         const int two = cb + 1 < j->hi;
         const int8_t *pq = j->pq + cb * nkb * 512;
-        const float *ps = j->ps + cb * nkb * 16;
+        const int64_t per = j->halves ? 32 : 16;  /* scales a block */
+        const float *ps = j->ps + cb * nkb * per, *po = j->po ? j->po + cb * nkb * per : 0;
         if (whole)
             for (int64_t kb = 0; kb < nkb; kb++)
                 for (int t = 0; t <= two; t++)
-                    widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * 16,
+                    widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per,
+                               po ? po + (t * nkb + kb) * per : 0, j->halves,
                                buf + (kb * 2 + t) * 512);
         for (int64_t m0 = 0; m0 < j->m; m0 += 32) {
             const int64_t left = j->m - m0;
@@ -294,7 +305,8 @@ static void *amx_run(void *arg) {
                 const uint16_t *b = buf + (whole ? kb * 2 * 512 : 0);
                 if (!whole)
                     for (int t = 0; t <= two; t++)
-                        widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * 16,
+                        widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per,
+                                   po ? po + (t * nkb + kb) * per : 0, j->halves,
                                    buf + t * 512);
                 _tile_loadd(4, x0 + kb * 1024, 64);
                 _tile_loadd(6, b, 64);
@@ -318,8 +330,8 @@ static void *amx_run(void *arg) {
 static int amx_permitted = 0; /* 1 granted, -1 refused by the kernel */
 
 /* 0 on success; -1 for shapes it does not take, -2 when the OS does not grant AMX */
-int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, float *y, int64_t m,
-           int64_t n, int64_t k, int threads) {
+int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, const float *po, int halves,
+           float *y, int64_t m, int64_t n, int64_t k, int threads) {
     if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (!amx_permitted)
         amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) ? -1 : 1;
@@ -343,7 +355,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, float *y, int64
     for (int t = 0; t < threads; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
-        jobs[t] = (amx_job_t){x, pq, ps, y, m, n, k, lo, hi, 0};
+        jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, halves, 0};
     }
     parallel(amx_run, jobs, sizeof(amx_job_t), threads);
     int rc = 0;
@@ -353,9 +365,10 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, float *y, int64
     return rc;
 }
 #else
-int q8_amx(const void *x, const void *pq, const void *ps, float *y, int64_t m, int64_t n,
-           int64_t k, int threads) {
-    (void)x; (void)pq; (void)ps; (void)y; (void)m; (void)n; (void)k; (void)threads;
+int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int halves, float *y,
+           int64_t m, int64_t n, int64_t k, int threads) {
+    (void)x; (void)pq; (void)ps; (void)po; (void)halves; (void)y; (void)m; (void)n; (void)k;
+    (void)threads;
     return -2; /* no AMX on this machine */
 }
 #endif

@@ -28,17 +28,18 @@ MAX_ROWS = 8  # rows of activations one q8_matvec call takes (q8.c)
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
 AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
 TILE_N = 16  # outputs in one AMX tile
-_SIGNATURE = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_AMX = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _amx_ok: bool | None = None
 
 
 def _matvec():
     """The kernels' entry points, or None when they cannot be built here."""
-    return build.function("q8", "q8_matvec", ctypes.c_int, _SIGNATURE)
+    return build.function("q8", "q8_matvec", ctypes.c_int, _MATVEC)
 
 
 def _amx():
-    return build.function("q8", "q8_amx", ctypes.c_int, _SIGNATURE)
+    return build.function("q8", "q8_amx", ctypes.c_int, _AMX)
 
 
 def available() -> bool:
@@ -60,20 +61,33 @@ def amx_available() -> bool:
 
 
 class Q8Weight:
-    """An [N, K] weight as int8 values and float32 scales per block of 32 along K, in rows
-    (q [N, K], scales [N, K / 32]) or in AMX tiles (q [N/16, K/32, 16, 16, 2],
-    scales [N/16, K/32, 16]; see `to_tiles`)."""
+    """An [N, K] weight as int8 values q, a float32 scale per group of 32 (or 16) along K
+    and optionally an offset per group: w = q * scale - offset (GGUF's K-quants keep a
+    minimum per 32). In rows (q [N, K], scales and offsets [N, K / group]) or in AMX tiles
+    (q [N/16, K/32, 16, 16, 2], scales [N/16, K/32, (2,) 16]; see `to_tiles`)."""
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor):
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor,
+                 offsets: torch.Tensor | None = None, group: int = BLOCK):
         if q.dtype != torch.int8 or q.dim() != 2 or q.shape[1] % BLOCK:
             raise ValueError(f"Q8Weight: int8 [N, K] with K % {BLOCK} == 0, got {q.dtype} "
                              f"{tuple(q.shape)}")
+        if group not in (16, BLOCK):
+            raise ValueError(f"Q8Weight: group {group}, not 16 or {BLOCK}")
         self.q = q.contiguous()
         self.scales = scales.to(torch.float32).contiguous()
-        if self.scales.shape != (q.shape[0], q.shape[1] // BLOCK):
-            raise ValueError(f"Q8Weight: scales {tuple(scales.shape)} do not match {tuple(q.shape)}")
+        self.offsets = None if offsets is None else offsets.to(torch.float32).contiguous()
+        want = (q.shape[0], q.shape[1] // group)
+        if self.scales.shape != want or (self.offsets is not None and self.offsets.shape != want):
+            raise ValueError(f"Q8Weight: scales {tuple(scales.shape)} do not match "
+                             f"{tuple(q.shape)} in groups of {group}")
         self.shape = (q.shape[0], q.shape[1])
+        self.group = group
         self.tiled = False
+
+    @property
+    def plain(self) -> bool:
+        """One scale per 32 and no offsets: what q8_matvec takes."""
+        return self.group == BLOCK and self.offsets is None
 
     @classmethod
     def from_q8_0_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
@@ -97,11 +111,49 @@ class Q8Weight:
         return cls(torch.from_numpy(q.astype(np.int8).reshape(n, k)), torch.from_numpy(d))
 
     @classmethod
-    def stack(cls, parts: list[Q8Weight]) -> Q8Weight:
-        """Rows of several weights one after the other (q, k, v -> qkv)."""
+    def from_q4_k_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
+        """From GGUF Q4_K data: super-blocks of 256 (144 bytes): float16 d and dmin, 12
+        bytes of 6-bit scales and minimums for 8 groups of 32, 128 bytes of nibbles (bytes
+        32i..32i+31 hold group 2i low, 2i+1 high); value = d * sc * q - dmin * min."""
+        sb = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * k // 256, 144)
+        d = sb[:, 0:2].copy().view(np.float16).astype(np.float32)  # [S, 1]
+        dmin = sb[:, 2:4].copy().view(np.float16).astype(np.float32)
+        a, b, c = sb[:, 4:8], sb[:, 8:12], sb[:, 12:16]
+        # groups 0-3: low 6 bits of a (scales) and b (minimums); groups 4-7: a nibble of c
+        # joined with the top 2 bits of a (scales) or b (minimums)
+        sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=1).astype(np.float32)
+        mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=1).astype(np.float32)
+        nib = sb[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8)[:, None]
+        q = (nib & 15).reshape(n, k).astype(np.int8)
+        return cls(torch.from_numpy(q), torch.from_numpy((d * sc).reshape(n, k // BLOCK)),
+                   torch.from_numpy((dmin * mn).reshape(n, k // BLOCK)))
+
+    @classmethod
+    def from_q6_k_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
+        """From GGUF Q6_K data: super-blocks of 256 (210 bytes): 128 bytes of low nibbles,
+        64 of high 2-bit pairs, 16 int8 scales (one per 16 values), a float16 d;
+        value = d * scale * (6 bits - 32)."""
+        sb = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * k // 256, 210)
+        low = sb[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8)[:, None]
+        high = sb[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6],
+                                                                 dtype=np.uint8)[:, None]
+        q = ((low & 15).reshape(-1, 8, 32) | ((high & 3).reshape(-1, 8, 32) << 4)).astype(np.int16)
+        sc = sb[:, 192:208].copy().view(np.int8).astype(np.float32)
+        d = sb[:, 208:210].copy().view(np.float16).astype(np.float32)
+        return cls(torch.from_numpy((q - 32).astype(np.int8).reshape(n, k)),
+                   torch.from_numpy((d * sc).reshape(n, k // 16)), group=16)
+
+    @classmethod
+    def stack(cls, parts: list[Q8Weight]) -> Q8Weight | None:
+        """Rows of several weights one after the other (q, k, v -> qkv); None when their
+        groups or offsets differ."""
         if any(p.tiled for p in parts):
             raise ValueError("Q8Weight.stack: stack row-major weights, then tile them")
-        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]))
+        if len({(p.group, p.offsets is None) for p in parts}) != 1:
+            return None
+        offsets = None if parts[0].offsets is None else torch.cat([p.offsets for p in parts])
+        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
+                   offsets, parts[0].group)
 
     def to_tiles(self) -> Q8Weight:
         """The same weight in AMX tile order: block (n, b) of 16 outputs x 32 inputs holds,
@@ -114,34 +166,54 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.to_tiles: N = {n} is not a multiple of {TILE_N}")
         t = Q8Weight.__new__(Q8Weight)
         t.q = self.q.view(n // TILE_N, TILE_N, k // BLOCK, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
-        t.scales = self.scales.view(n // TILE_N, TILE_N, k // BLOCK).permute(0, 2, 1).contiguous()
-        t.shape, t.tiled = self.shape, True
+        t.scales, t.offsets = (None if g is None else self._group_tiles(g)
+                               for g in (self.scales, self.offsets))
+        t.shape, t.group, t.tiled = self.shape, self.group, True
         return t
 
-    def for_activations(self, dtype: torch.dtype) -> Q8Weight:
-        """The layout the fastest kernel here takes for activations of `dtype`."""
+    def _group_tiles(self, g: torch.Tensor) -> torch.Tensor:
+        """[N, K / group] -> [N/16, K/32, (halves,) 16]"""
+        n, k = self.shape
+        per = BLOCK // self.group
+        return g.view(n // TILE_N, TILE_N, k // BLOCK, per).permute(0, 2, 3, 1).reshape(
+            n // TILE_N, k // BLOCK, *([per] if per > 1 else []), TILE_N).contiguous()
+
+    def for_activations(self, dtype: torch.dtype) -> Q8Weight | None:
+        """The layout the fastest kernel here takes for activations of `dtype`; None when
+        no kernel here takes this weight."""
         if dtype == torch.bfloat16 and self.shape[0] % TILE_N == 0 and amx_available():
             return self.to_tiles()
-        return self
+        return self if self.plain else None
 
-    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q [N, K], scales [N, K / 32]) whichever the layout."""
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q [N, K], scales, offsets [N, K / group] or None) whichever the layout."""
         if not self.tiled:
-            return self.q, self.scales
+            return self.q, self.scales, self.offsets
         n, k = self.shape
-        return (self.q.permute(0, 3, 1, 2, 4).reshape(n, k),
-                self.scales.permute(0, 2, 1).reshape(n, k // BLOCK))
+
+        def ungroup(g):
+            if g is None:
+                return None
+            g = g.view(n // TILE_N, k // BLOCK, BLOCK // self.group, TILE_N)
+            return g.permute(0, 3, 1, 2).reshape(n, k // self.group)
+
+        return (self.q.permute(0, 3, 1, 2, 4).reshape(n, k), ungroup(self.scales),
+                ungroup(self.offsets))
 
     def dequantize(self) -> torch.Tensor:
+        """float32 [N, K], as GGUF dequantizes: q * scale (exact), minus the offset."""
         n, k = self.shape
-        q, scales = self.rows()
-        return (q.view(n, k // BLOCK, BLOCK).float() * scales[:, :, None]).view(n, k)
+        q, scales, offsets = self.rows()
+        w = q.view(n, k // self.group, self.group).float() * scales[:, :, None]
+        if offsets is not None:
+            w = w - offsets[:, :, None]
+        return w.view(n, k)
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether `matmul` runs x here at least as fast as the bf16 copy would."""
         if self.tiled:
             return x.shape[0] <= AMX_ROWS and x.dtype == torch.bfloat16
-        return x.shape[0] <= FAST_ROWS
+        return x.shape[0] <= FAST_ROWS and self.plain
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [M, K] (CPU) @ W.T in float32, or None when no kernel here takes it: tiles take
@@ -157,14 +229,17 @@ class Q8Weight:
         x = x.contiguous()
         m, k = x.shape
         y = torch.empty(m, self.shape[0], dtype=torch.float32)
-        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), y.data_ptr(),
-                m, self.shape[0], k, torch.get_num_threads())
+        offsets = 0 if self.offsets is None else self.offsets.data_ptr()
+        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets,
+                int(self.group == 16), y.data_ptr(), m, self.shape[0], k,
+                torch.get_num_threads())
         return y if rc == 0 else None
 
     def _run_matvec(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [M, K] (M <= MAX_ROWS, CPU) @ W.T in float32; None when the kernel is absent."""
         fn = _matvec()
-        if fn is None or self.tiled or x.shape[0] > MAX_ROWS or x.device.type != "cpu":
+        if (fn is None or self.tiled or not self.plain or x.shape[0] > MAX_ROWS
+                or x.device.type != "cpu"):
             return None
         xf = x.to(torch.float32).contiguous()
         m, k = xf.shape

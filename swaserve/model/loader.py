@@ -150,13 +150,15 @@ def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str
 
 # -- int8 weights ---------------------------------------------------------------------------
 
-GGML_Q8_0, GGML_Q5_0 = 8, 6
-_BLOCK_BYTES = {GGML_Q8_0: 34, GGML_Q5_0: 22}  # per 32 weights
+GGML_Q8_0, GGML_Q5_0, GGML_Q4_K, GGML_Q6_K = 8, 6, 12, 14
+# (values a block, bytes a block)
+_BLOCKS = {GGML_Q8_0: (32, 34), GGML_Q5_0: (32, 22), GGML_Q4_K: (256, 144),
+           GGML_Q6_K: (256, 210)}
 
 
 class _Q8Reader:
-    """GGUF tensors stored as Q8_0 or Q5_0, read as int8 + scales straight from the
-    memory-mapped file (no dequantization)."""
+    """GGUF tensors stored as Q8_0, Q5_0, Q4_K or Q6_K, read as int8 + scales (+ offsets)
+    straight from the memory-mapped file (no float dequantization)."""
 
     def __init__(self, path: Path):
         from swaserve.model.gguf_meta import read_gguf_tensor_infos
@@ -165,19 +167,20 @@ class _Q8Reader:
         self.infos, self.data_start = read_gguf_tensor_infos(path)
 
     def get(self, name: str):
-        from swaserve.kernels.q8 import BLOCK, Q8Weight
+        from swaserve.kernels.q8 import Q8Weight
 
         if name not in self.infos:
             return None
         dims, ggml_type, offset = self.infos[name]
-        if ggml_type not in _BLOCK_BYTES or len(dims) != 2 or dims[0] % BLOCK:
+        if ggml_type not in _BLOCKS or len(dims) != 2 or dims[0] % _BLOCKS[ggml_type][0]:
             return None
         k, n = dims
+        values, size = _BLOCKS[ggml_type]
         raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + offset,
-                        shape=(n * (k // BLOCK) * _BLOCK_BYTES[ggml_type],))
-        if ggml_type == GGML_Q8_0:
-            return Q8Weight.from_q8_0_blocks(raw, n, k)
-        return Q8Weight.from_q5_0_blocks(raw, n, k)
+                        shape=(n * (k // values) * size,))
+        read = {GGML_Q8_0: Q8Weight.from_q8_0_blocks, GGML_Q5_0: Q8Weight.from_q5_0_blocks,
+                GGML_Q4_K: Q8Weight.from_q4_k_blocks, GGML_Q6_K: Q8Weight.from_q6_k_blocks}
+        return read[ggml_type](raw, n, k)
 
     def stacked(self, names: list[str]):
         from swaserve.kernels.q8 import Q8Weight
@@ -187,9 +190,10 @@ class _Q8Reader:
 
 
 def load_q8_weights(source: ModelSource, num_layers: int):
-    """int8 copies of the weights the GGUF stores as Q8_0 / Q5_0 (exact): the LM head
-    (tied to the embedding when there is no output.weight) under "lm_head", and per layer
-    "qkv" and "gate_up" when all their parts are. {} for other sources."""
+    """int8 copies of the weights the GGUF stores as Q8_0 / Q5_0 / Q4_K / Q6_K (exact): the
+    LM head (tied to the embedding when there is no output.weight) under "lm_head", and per
+    layer "qkv" and "gate_up" when all their parts are, "o" and "down". {} for other
+    sources."""
     if source.fmt != "gguf":
         return {}
     r = _Q8Reader(source.path)
@@ -197,4 +201,6 @@ def load_q8_weights(source: ModelSource, num_layers: int):
     for i in range(num_layers):
         out[f"{i}.qkv"] = r.stacked([f"blk.{i}.attn_{x}.weight" for x in ("q", "k", "v")])
         out[f"{i}.gate_up"] = r.stacked([f"blk.{i}.ffn_{x}.weight" for x in ("gate", "up")])
+        out[f"{i}.o"] = r.get(f"blk.{i}.attn_output.weight")
+        out[f"{i}.down"] = r.get(f"blk.{i}.ffn_down.weight")
     return {k: v for k, v in out.items() if v is not None}

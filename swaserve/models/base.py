@@ -76,7 +76,8 @@ class CausalLM(nn.Module):
 
     def use_q8(self, q8: dict[str, Q8Weight]) -> None:
         """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
-        "<i>.gate_up"; each is checked against its bf16 parameter's shape."""
+        "<i>.gate_up", "<i>.o", "<i>.down"; each is checked against its bf16 parameter's
+        shape."""
         def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
             return w is not None and p is not None and w.shape == tuple(p.shape)
 
@@ -84,7 +85,7 @@ class CausalLM(nn.Module):
         if fits(head, self.embed if self.lm_head is None else self.lm_head):
             self.lm_head_q8 = head
         for i, layer in enumerate(self.layers):
-            for name in ("qkv", "gate_up"):
+            for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")
                 if fits(w, getattr(layer, name, None)):
                     layer.q8[name] = w

@@ -65,11 +65,12 @@ class Gemma3Layer(DecoderLayerBase):
         q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block)
+        o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
         x = x + rms_norm(o, self.post_attn_norm, self.eps)
         h = rms_norm(x, self.ffn_norm, self.eps)
         gate, up = linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
-        h = linear(F.gelu(gate, approximate="tanh") * up, self.down, ctx.row_block)
+        h = linear(F.gelu(gate, approximate="tanh") * up, self.down, ctx.row_block,
+                   self.q8.get("down"))
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
 
 

@@ -94,7 +94,7 @@ class GptOssLayer(DecoderLayerBase):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
-        x = x + linear(o, self.o, ctx.row_block) + self.o_bias
+        x = x + linear(o, self.o, ctx.row_block, self.q8.get("o")) + self.o_bias
         return x + self.moe(rms_norm(x, self.ffn_norm, self.eps), ctx.row_block)
 
 

@@ -43,10 +43,11 @@ class DecoderLayer(DecoderLayerBase):
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        x = x + linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block)
+        x = x + linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block,
+                       self.q8.get("o"))
         gate, up = linear(rms_norm(x, self.ffn_norm, self.eps), self.gate_up,
                           ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down, ctx.row_block)
+        return x + linear(F.silu(gate) * up, self.down, ctx.row_block, self.q8.get("down"))
 
 
 def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:

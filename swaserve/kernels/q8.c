@@ -1,10 +1,12 @@
-/* y[m, n] = sum_b d[n, b] * sum_{k < 32} q[n, 32 b + k] * x[m, 32 b + k]
+/* y[m, n] = sum_g (scale[n, g] * sum_{k in g} q[n, k] * x[m, k] - offset[n, g] * ...)
  *
- * Matrix-vector products over int8 weights with one float scale per block of 32 (the
- * layout of GGUF Q8_0): a row of weights is read once, as 1 byte a weight plus 4 bytes a
- * block, for up to MAX_ROWS activation rows. Threads split the output features. Built at
- * run time on the machine that runs it (-O3 -march=native), so the loops vectorise with
- * that machine's instructions.
+ * Products of activations with int8 weights that carry a float scale (and offset) per
+ * group of inputs, the GGUF formats read exactly (kernels/q8.py). Each weight is read
+ * once, as 1 byte plus its share of the scales, for every activation row of the call:
+ * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to MAX_ROWS rows;
+ * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows.
+ * Threads split the output features. Built at run time on the machine that runs it
+ * (-O3 -march=native), so the loops vectorise with that machine's instructions.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -13,10 +15,11 @@
 #define MAX_ROWS 8
 
 /* A pool of worker threads that stay for the life of the process: a decode step makes
- * ~40 calls here, and creating and joining a thread costs ~30-40 us a call. `parallel`
+ * ~75 calls here, and creating and joining a thread costs ~30-40 us a call. `parallel`
  * runs fn on jobs[0..n) with jobs[0] on the caller; calls from several threads take
- * turns. Workers sleep on a condition variable between calls (no spinning: torch's own
- * threads need the cores). A forked child starts with no workers. */
+ * turns. Workers sleep on a condition variable between calls (no spinning there: torch's
+ * own threads need the cores); the caller, whose share takes as long as theirs, waits
+ * for them awake. A forked child starts with no workers. */
 #define MAX_THREADS 64
 #if defined(__x86_64__) || defined(__i386__)
 #define spin_pause() __builtin_ia32_pause()

@@ -128,6 +128,18 @@ def test_amx_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
 
 
 @amx
+def test_amx_takes_q8_0_scales_as_float16_exactly():
+    rng = np.random.default_rng(0)
+    w = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
+                                     64, 640)
+    t = w.to_tiles()
+    assert t.scales.dtype == torch.float16 and torch.equal(t.dequantize(), w.dequantize())
+    x = torch.randn(3, 640, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
+    assert (t.matmul(x).double() - ref).abs().max().item() < 1e-6 * 20 * ref.abs().max().item()
+
+
+@amx
 def test_amx_rows_do_not_depend_on_their_batch():
     w = random_weight(96, 640, 1).to_tiles()
     x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)

@@ -188,7 +188,7 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
  * its block scale, rounded once to bf16: the very values of the bf16 copy) and multiplied
  * on AMX with float32 accumulation. Weights are packed so that one block of 16 outputs x
  * 32 inputs is one tile in AMX's pair-interleaved order: pq [N/16][K/32][16 pairs][16][2]
- * int8, ps [N/16][K/32][16] float. A thread widens a pair of column blocks over all of K
+ * int8, ps [N/16][K/32][(2,) 16] float or float16. A thread widens a pair of column blocks over all of K
  * once and reuses it for every 32 rows of x. */
 #include <stdlib.h>
 #include <string.h>
@@ -208,17 +208,27 @@ typedef struct {
 typedef struct {
     const uint16_t *x;   /* bf16 [m, k] */
     const int8_t *pq;
-    const float *ps, *po; /* scales, offsets (or NULL) */
+    const void *ps;      /* scales: float, or float16 with F16_SCALES */
+    const float *po;     /* offsets (or NULL) */
     float *y;            /* [m, n] */
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
-    int halves;          /* a scale per 16 inputs, not 32 */
+    int flags;           /* HALVES, F16_SCALES */
     int rc;
 } amx_job_t;
 
 /* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1,
  * each value = q * scale - offset with the scale (and offset) of its output and of its
  * 16 (halves) or 32 inputs; q * scale is exact in float32 for every GGUF format taken */
-static void widen_tile(const int8_t *pq, const float *ps, const float *po, int halves,
+#define HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
+#define F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
+
+static inline __m512 load_scales(const void *ps, int i, int flags) {
+    if (flags & F16_SCALES)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)ps + i)));
+    return _mm512_loadu_ps((const float *)ps + i);
+}
+
+static void widen_tile(const int8_t *pq, const void *ps, const float *po, int flags,
                        uint16_t *out) {
     const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i hi_idx = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10,
@@ -226,8 +236,8 @@ static void widen_tile(const int8_t *pq, const float *ps, const float *po, int h
     for (int l = 0; l < 8; l++)  /* the block 4 ahead: keeps the loads in flight */
         _mm_prefetch((const char *)pq + 2048 + l * 64, _MM_HINT_T0);
     for (int h = 0; h < 2; h++) {
-        const int g = halves ? h * 16 : 0;
-        const __m512 s = _mm512_loadu_ps(ps + g);
+        const int g = flags & HALVES ? h * 16 : 0;
+        const __m512 s = load_scales(ps, g, flags);
         const __m512 slo = _mm512_permutexvar_ps(lo_idx, s), shi = _mm512_permutexvar_ps(hi_idx, s);
         const __m512 o = po ? _mm512_loadu_ps(po + g) : _mm512_setzero_ps();
         const __m512 olo = _mm512_permutexvar_ps(lo_idx, o), ohi = _mm512_permutexvar_ps(hi_idx, o);
@@ -289,13 +299,15 @@ static void *amx_run(void *arg) {
     for (int64_t cb = j->lo; cb < j->hi; cb += 2) {
         const int two = cb + 1 < j->hi;
         const int8_t *pq = j->pq + cb * nkb * 512;
-        const int64_t per = j->halves ? 32 : 16;  /* scales a block */
-        const float *ps = j->ps + cb * nkb * per, *po = j->po ? j->po + cb * nkb * per : 0;
+        const int64_t per = j->flags & HALVES ? 32 : 16;  /* scales a block */
+        const int64_t ssize = j->flags & F16_SCALES ? 2 : 4;
+        const char *ps = (const char *)j->ps + cb * nkb * per * ssize;
+        const float *po = j->po ? j->po + cb * nkb * per : 0;
         if (whole)
             for (int64_t kb = 0; kb < nkb; kb++)
                 for (int t = 0; t <= two; t++)
-                    widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per,
-                               po ? po + (t * nkb + kb) * per : 0, j->halves,
+                    widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per * ssize,
+                               po ? po + (t * nkb + kb) * per : 0, j->flags,
                                buf + (kb * 2 + t) * 512);
         for (int64_t m0 = 0; m0 < j->m; m0 += 32) {
             const int64_t left = j->m - m0;
@@ -308,8 +320,8 @@ static void *amx_run(void *arg) {
                 const uint16_t *b = buf + (whole ? kb * 2 * 512 : 0);
                 if (!whole)
                     for (int t = 0; t <= two; t++)
-                        widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per,
-                                   po ? po + (t * nkb + kb) * per : 0, j->halves,
+                        widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per * ssize,
+                                   po ? po + (t * nkb + kb) * per : 0, j->flags,
                                    buf + t * 512);
                 _tile_loadd(4, x0 + kb * 1024, 64);
                 _tile_loadd(6, b, 64);
@@ -333,7 +345,7 @@ static void *amx_run(void *arg) {
 static int amx_permitted = 0; /* 1 granted, -1 refused by the kernel */
 
 /* 0 on success; -1 for shapes it does not take, -2 when the OS does not grant AMX */
-int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, const float *po, int halves,
+int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
            float *y, int64_t m, int64_t n, int64_t k, int threads) {
     if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (!amx_permitted)
@@ -358,7 +370,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, const float *po
     for (int t = 0; t < threads; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
-        jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, halves, 0};
+        jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0};
     }
     parallel(amx_run, jobs, sizeof(amx_job_t), threads);
     int rc = 0;
@@ -368,9 +380,9 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const float *ps, const float *po
     return rc;
 }
 #else
-int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int halves, float *y,
+int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int flags, float *y,
            int64_t m, int64_t n, int64_t k, int threads) {
-    (void)x; (void)pq; (void)ps; (void)po; (void)halves; (void)y; (void)m; (void)n; (void)k;
+    (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;
     return -2; /* no AMX on this machine */
 }

@@ -30,6 +30,7 @@ AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
 TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _AMX = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_HALVES, _F16_SCALES = 1, 2  # q8_amx flags (q8.c)
 _amx_ok: bool | None = None
 
 
@@ -64,7 +65,8 @@ class Q8Weight:
     """An [N, K] weight as int8 values q, a float32 scale per group of 32 (or 16) along K
     and optionally an offset per group: w = q * scale - offset (GGUF's K-quants keep a
     minimum per 32). In rows (q [N, K], scales and offsets [N, K / group]) or in AMX tiles
-    (q [N/16, K/32, 16, 16, 2], scales [N/16, K/32, (2,) 16]; see `to_tiles`)."""
+    (q [N/16, K/32, 16, 16, 2], scales [N/16, K/32, (2,) 16], float16 where that is exact;
+    see `to_tiles`)."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor,
                  offsets: torch.Tensor | None = None, group: int = BLOCK):
@@ -168,6 +170,9 @@ class Q8Weight:
         t.q = self.q.view(n // TILE_N, TILE_N, k // BLOCK, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
         t.scales, t.offsets = (None if g is None else self._group_tiles(g)
                                for g in (self.scales, self.offsets))
+        half = t.scales.to(torch.float16)
+        if torch.equal(half.float(), t.scales):  # Q8_0, Q5_0: float16 in the file
+            t.scales = half
         t.shape, t.group, t.tiled = self.shape, self.group, True
         return t
 
@@ -194,7 +199,7 @@ class Q8Weight:
         def ungroup(g):
             if g is None:
                 return None
-            g = g.view(n // TILE_N, k // BLOCK, BLOCK // self.group, TILE_N)
+            g = g.float().view(n // TILE_N, k // BLOCK, BLOCK // self.group, TILE_N)
             return g.permute(0, 3, 1, 2).reshape(n, k // self.group)
 
         return (self.q.permute(0, 3, 1, 2, 4).reshape(n, k), ungroup(self.scales),
@@ -230,9 +235,9 @@ class Q8Weight:
         m, k = x.shape
         y = torch.empty(m, self.shape[0], dtype=torch.float32)
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets,
-                int(self.group == 16), y.data_ptr(), m, self.shape[0], k,
-                torch.get_num_threads())
+        flags = (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
+        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets, flags,
+                y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None
 
     def _run_matvec(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -284,9 +284,10 @@ class Engine:
             if len(owners) != logits.shape[0]:
                 logits = logits[[o[0] for o in owners]]
             if self.logits_log is not None:
+                # copies: the next forward may reuse the logits' buffer (CausalLM.forward)
                 for (_, req), row, lg in zip(owners, rows, logits):
                     self.logits_log.append((req.request_id, row.position,
-                                            lg.detach().float().cpu()))
+                                            lg.detach().float().cpu().clone()))
             out = self.sampler(logits, rows)
             return out, t2 - t1, time.perf_counter() - t2
 

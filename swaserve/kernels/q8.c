@@ -119,12 +119,14 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-/* Batches of more rows: the same int8 blocks, widened to bf16 tiles (each weight times
- * its block scale, rounded once to bf16: the very values of the bf16 copy) and multiplied
- * on AMX with float32 accumulation. Weights are packed so that one block of 16 outputs x
- * 32 inputs is one tile in AMX's pair-interleaved order: pq [N/16][K/32][16 pairs][16][2]
- * int8, ps [N/16][K/32][(2,) 16] float or float16. A thread widens a pair of column blocks over all of K
- * once and reuses it for every 32 rows of x. */
+/* The same int8 blocks widened to bf16 tiles (each weight times its scale, minus its
+ * offset, rounded once to bf16: the very values of the bf16 copy) and multiplied on AMX
+ * with float32 sums; a row's result does not depend on the other rows of the call.
+ * Weights are packed so that a block of 16 outputs x 32 inputs is one tile in AMX's
+ * pair-interleaved order: pq [N/16][K/32][16 pairs][16][2] int8, scales (and offsets)
+ * [N/16][K/32][(2,) 16]. A thread takes pairs of column blocks; up to 32 rows it widens
+ * each block as it uses it, with more rows it widens a pair over all of K once and reuses
+ * it for every 32 rows. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -247,7 +249,11 @@ static void *amx_run(void *arg) {
         for (int64_t m0 = 0; m0 < j->m; m0 += 32) {
             const int64_t left = j->m - m0;
             const int rows0 = left < 16 ? (int)left : 16, rows1 = left > 32 ? 16 : (int)left - 16;
-            if (rows0 != cur0 || rows1 != cur1) { config(rows0, rows1); cur0 = rows0; cur1 = rows1; }
+            if (rows0 != cur0 || rows1 != cur1) {
+                config(rows0, rows1);
+                cur0 = rows0;
+                cur1 = rows1;
+            }
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             /* x repacked by chunks of 32 rows: [K / 32][rows][32], so a tile is in a row */
             const uint16_t *x0 = j->x + m0 * j->k, *x1 = x0 + 512;

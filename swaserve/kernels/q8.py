@@ -1,17 +1,20 @@
-"""int8 weights with a float scale per 32 (GGUF Q8_0): exact, and half the bytes of bf16.
+"""GGUF weights as int8 values with a float scale (and offset) per group: exact, and about
+half the bytes of bf16.
 
-A decode step is bound by the bytes of weights it reads; the bundled model's LM head
-(640 x 262,144) and every layer's q/k/v and gate/up are Q8_0 or Q5_0 in its GGUF, so they
-are kept as int8 + scales beside their bf16 copies (which prefill chunks multiply) and
-decode batches go through `q8.c` (built by kernels/build.py; without a compiler the bf16
-path is used). Two layouts:
+A decode step is bound by the bytes of weights it reads. The bundled model's GGUF stores
+its LM head (640 x 262,144) as Q8_0, q/k/v and gate/up as Q5_0 or Q8_0, attention outputs
+as Q4_K and down projections as Q4_K or Q6_K; all of them read as int8 + scales (+ offsets
+for Q4_K) are the file's weights bit for bit. They are kept beside their bf16 copies (which
+prefill chunks multiply) and decode batches go through `q8.c` (built by kernels/build.py;
+without a compiler the bf16 path is used). Two layouts:
 
-- row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to FAST_ROWS rows);
+- row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to FAST_ROWS rows, Q8_0 and
+  Q5_0 only): the fallback on CPUs without AMX;
 - AMX tiles (`to_tiles`, on CPUs with AMX and for bf16 activations): each block of 16
   outputs x 32 inputs in the pair-interleaved order of an AMX tile. `q8_amx` widens a
-  block to bf16 (weight times scale, rounded once: the very values of the bf16 copy) and
-  multiplies it on the tile unit, up to AMX_ROWS rows: LM head 15 vs 30 ms at 8 rows, 24
-  vs 44 at 32 (benchmarks/README.md).
+  block to bf16 (q * scale - offset, rounded once: the very values of the bf16 copy) and
+  multiplies it on the tile unit, up to AMX_ROWS rows. LM head 13-15 ms at 1 row (the
+  DRAM floor here), 20-24 ms at 32 against 40-44 for bf16 (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
 TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-_AMX = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
+        + [ctypes.c_int])
 _HALVES, _F16_SCALES = 1, 2  # q8_amx flags (q8.c)
 _amx_ok: bool | None = None
 
 
 def _matvec():
-    """The kernels' entry points, or None when they cannot be built here."""
+    """A kernel's entry point, or None when it cannot be built here."""
     return build.function("q8", "q8_matvec", ctypes.c_int, _MATVEC)
 
 
@@ -56,7 +60,7 @@ def amx_available() -> bool:
         if _amx() is not None:
             w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
                          torch.full((TILE_N, 1), 0.5)).to_tiles()
-            y = w._run_amx(torch.ones(1, BLOCK, dtype=torch.bfloat16))
+            y = w.matmul(torch.ones(1, BLOCK, dtype=torch.bfloat16))
             _amx_ok = y is not None and bool((y == 16.0).all())
     return _amx_ok
 
@@ -167,7 +171,8 @@ class Q8Weight:
         if n % TILE_N:
             raise ValueError(f"Q8Weight.to_tiles: N = {n} is not a multiple of {TILE_N}")
         t = Q8Weight.__new__(Q8Weight)
-        t.q = self.q.view(n // TILE_N, TILE_N, k // BLOCK, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+        t.q = self.q.view(n // TILE_N, TILE_N, k // BLOCK, 16, 2).permute(0, 2, 3, 1, 4)
+        t.q = t.q.contiguous()
         t.scales, t.offsets = (None if g is None else self._group_tiles(g)
                                for g in (self.scales, self.offsets))
         half = t.scales.to(torch.float16)
@@ -220,27 +225,33 @@ class Q8Weight:
             return x.shape[0] <= AMX_ROWS and x.dtype == torch.bfloat16
         return x.shape[0] <= FAST_ROWS and self.plain
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x [M, K] (CPU) @ W.T in float32, or None when no kernel here takes it: tiles take
-        bf16 x of any M (best up to AMX_ROWS), rows take up to MAX_ROWS rows."""
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """x [M, K] (CPU) @ W.T in float32 (into `out`, contiguous float32 [M, N], if given),
+        or None when no kernel here takes it: tiles take bf16 x of any M (best up to
+        AMX_ROWS), rows take up to MAX_ROWS rows."""
         if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.shape[1]:
             return None
-        return self._run_amx(x) if self.tiled else self._run_matvec(x)
+        if out is None:
+            out = torch.empty(x.shape[0], self.shape[0], dtype=torch.float32)
+        elif (out.shape != (x.shape[0], self.shape[0]) or out.dtype != torch.float32
+              or not out.is_contiguous()):
+            raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 "
+                             f"[{x.shape[0]}, {self.shape[0]}], got {out.dtype} {tuple(out.shape)}")
+        return self._run_amx(x, out) if self.tiled else self._run_matvec(x, out)
 
-    def _run_amx(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _run_amx(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         fn = _amx()
         if fn is None or x.dtype != torch.bfloat16:
             return None
         x = x.contiguous()
         m, k = x.shape
-        y = torch.empty(m, self.shape[0], dtype=torch.float32)
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
         flags = (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
         rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None
 
-    def _run_matvec(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _run_matvec(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """x [M, K] (M <= MAX_ROWS, CPU) @ W.T in float32; None when the kernel is absent."""
         fn = _matvec()
         if (fn is None or self.tiled or not self.plain or x.shape[0] > MAX_ROWS
@@ -249,7 +260,6 @@ class Q8Weight:
         xf = x.to(torch.float32).contiguous()
         m, k = xf.shape
         n = self.q.shape[0]
-        y = torch.empty(m, n, dtype=torch.float32)
         rc = fn(xf.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), y.data_ptr(),
                 m, n, k, torch.get_num_threads())
         return y if rc == 0 else None

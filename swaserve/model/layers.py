@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from swaserve.kernels.gelu import gelu_tanh_mul_bf16
 from swaserve.kernels.norm import rms_norm_bf16
 from swaserve.kernels.q8 import Q8Weight
 
@@ -19,6 +20,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if y is not None:
         return y
     return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim (the GeGLU MLP):
+    bf16 rows on the CPU take one C call (kernels/gelu.py), others torch's two ops."""
+    y = gelu_tanh_mul_bf16(gate_up)
+    if y is not None:
+        return y
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None

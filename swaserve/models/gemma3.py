@@ -5,13 +5,12 @@ GELU-tanh MLP, LM head tied to the embeddings."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.model.layers import apply_rope, gelu_tanh_mul, linear, rms_norm
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -68,9 +67,8 @@ class Gemma3Layer(DecoderLayerBase):
         o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
         x = x + rms_norm(o, self.post_attn_norm, self.eps)
         h = rms_norm(x, self.ffn_norm, self.eps)
-        gate, up = linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
-        h = linear(F.gelu(gate, approximate="tanh") * up, self.down, ctx.row_block,
-                   self.q8.get("down"))
+        h = gelu_tanh_mul(linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")))
+        h = linear(h, self.down, ctx.row_block, self.q8.get("down"))
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
 
 

@@ -55,7 +55,8 @@ def _build(name: str) -> ctypes.CDLL | None:
     source = Path(__file__).with_name(f"{name}.c")
     # -march=native code must never be loaded on another CPU (a shared home directory):
     # the CPU's feature flags are part of the name
-    tag = hashlib.sha256(source.read_bytes() + os.uname().machine.encode()
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    tag = hashlib.sha256(source.read_bytes() + headers + os.uname().machine.encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     lib = cache_dir() / f"{name}-{tag}.so"
     if not lib.exists() and not compile_library(cc, source, lib):

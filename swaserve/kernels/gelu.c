@@ -9,25 +9,11 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #define K0 0.7978845608028654f /* sqrt(2 / pi) */
 #define K1 0.044715f
 
-static inline float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, like torch */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "bf16.h"
 
 static inline float gelu_scalar(float x) {
     const float u = K0 * (x + K1 * x * x * x);

@@ -6,22 +6,8 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-static inline float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, like torch */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "bf16.h"
 
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
                    int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,

@@ -252,10 +252,10 @@ class Q8Weight:
         return y if rc == 0 else None
 
     def _run_matvec(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """x [M, K] (M <= MAX_ROWS, CPU) @ W.T in float32; None when the kernel is absent."""
+        """Rows layout (`matmul` checked device and shape): None when the kernel is absent
+        or does not take this weight or this many rows."""
         fn = _matvec()
-        if (fn is None or self.tiled or not self.plain or x.shape[0] > MAX_ROWS
-                or x.device.type != "cpu"):
+        if fn is None or not self.plain or x.shape[0] > MAX_ROWS:
             return None
         xf = x.to(torch.float32).contiguous()
         m, k = xf.shape

@@ -2,7 +2,9 @@
 
 `AttentionBackend` is the seam; `SDPABackend` (torch scaled_dot_product_attention) is the
 default and runs on CPU and CUDA alike. Each layer first writes its new K/V into its pool,
-then attends group by group as the ForwardContext describes.
+then attends group by group as the ForwardContext describes. One query per sequence in bf16
+on the CPU (the decode rows) takes the C kernel instead (kernels/attention.py), which reads
+the keys where the cache holds them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from swaserve.kernels.attention import decode_attention_bf16
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
 from swaserve.model.context import ForwardContext
@@ -51,6 +54,12 @@ class SDPABackend:
         outs = []
         for g in ctx.groups:
             view = g.full if kind is LayerKind.FULL else g.sliding
+            if g.num_queries == 1 and not view.fresh:
+                o = decode_attention_bf16(q[g.start:g.end], k_buf, v_buf, view.key_slots,
+                                          view.mask, scale, sinks)
+                if o is not None:
+                    outs.append(o)
+                    continue
             qg = q[g.start:g.end].view(g.batch, g.num_queries, num_heads, head_dim).transpose(1, 2)
             if view.fresh:
                 kg = k[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)

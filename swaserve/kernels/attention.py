@@ -1,0 +1,49 @@
+"""Decode attention of bf16 queries over the bf16 caches in one C call (`attention.c`): the
+keys are read where the rings and pages hold them, instead of gathered into a padded copy
+for SDPA."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from swaserve.kernels import build
+
+MAX_GROUP, MAX_DIM = 16, 512  # the C kernel's per-head buffers
+
+
+def _load():
+    return build.function("attention", "decode_attention_bf16", ctypes.c_int,
+                          [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6
+                          + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int])
+
+
+def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          slots: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+    """q [B, H, D] (one query per sequence), k_pool/v_pool [S, KVH, D], slots [B, L] int64
+    cache slots, mask [B, L] bool (True = attend; None: all) -> [B, H * D]. bf16 on the CPU
+    only; None when the kernel is absent or the inputs are not a layout it takes."""
+    b, h, d = q.shape
+    kvh = k_pool.shape[1]
+    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k_pool.dtype != q.dtype
+            or v_pool.dtype != q.dtype or h % kvh or h // kvh > MAX_GROUP or d > MAX_DIM
+            or q.stride(2) != 1 or q.stride(1) != d or not k_pool.is_contiguous()
+            or not v_pool.is_contiguous() or k_pool.shape != v_pool.shape
+            or k_pool.shape[2] != d or slots.dtype != torch.int64 or slots.dim() != 2):
+        return None
+    fn = _load()
+    if fn is None:
+        return None
+    slots = slots.contiguous()
+    if mask is not None:
+        mask = mask.reshape(b, slots.shape[1]).contiguous().view(torch.uint8)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
+    out = torch.empty(b, h * d, dtype=torch.bfloat16)
+    rc = fn(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(),
+            None if mask is None else mask.data_ptr(),
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(),
+            b, h, kvh, d, slots.shape[1], scale, torch.get_num_threads())
+    return out if rc == 0 else None

@@ -12,14 +12,17 @@ from swaserve.model.layers import linear
 
 def test_row_blocks_give_every_row_the_bits_it_gets_alone():
     """The kernel property the mode rests on: in blocks of <= 32 rows, a row's product is
-    the same as on its own (one-row products go through matrix-vector)."""
+    the same as on its own, also for one row (multiplied as two: matrix-vector, which
+    the plain path takes for one row, rounds some rows differently)."""
     g = torch.Generator().manual_seed(0)
-    for n, k in [(4096, 640), (640, 2048), (1536, 640)]:
+    for n, k in [(4096, 640), (640, 2048), (1536, 640), (128, 32)]:
         w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-        x = torch.randn(100, k, generator=g).to(torch.bfloat16)
+        x = torch.randn(2000, k, generator=g).to(torch.bfloat16)
         blocked = linear(x, w, row_block=32)
-        for i in (0, 31, 32, 63, 99):
-            assert torch.equal(blocked[i], linear(x[i:i + 1], w)[0]), (n, k, i)
+        rows = range(2000) if n == 128 else (0, 31, 32, 63, 99)
+        for i in rows:
+            assert torch.equal(blocked[i], linear(x[i:i + 1], w, row_block=32)[0]), (n, k, i)
+    assert any(not torch.equal(blocked[i], linear(x[i:i + 1], w)[0]) for i in range(2000))
 
 
 def test_prompts_are_chunked_at_fixed_positions_and_decodes_never_wait(tiny_hybrid):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from swaserve.kernels.gelu import gelu_tanh_mul_bf16
-from swaserve.kernels.norm import rms_norm_bf16
+from swaserve.kernels.norm import add_rms_norm_bf16, rms_norm_bf16
 from swaserve.kernels.q8 import Q8Weight
 
 
@@ -20,6 +20,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if y is not None:
         return y
     return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, w_delta: torch.Tensor | None,
+                 w_next: torch.Tensor | None, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The residual add and the norm after it: x' = x + rms_norm(delta, w_delta) (x + delta
+    without w_delta, as in Llama), and rms_norm(x', w_next) if w_next is given. bf16 rows on
+    the CPU take one C call (kernels/norm.py) with the same bits."""
+    fused = add_rms_norm_bf16(x, delta, w_delta, w_next, eps)
+    if fused is not None:
+        return fused
+    x = x + (delta if w_delta is None else rms_norm(delta, w_delta, eps))
+    return x, None if w_next is None else rms_norm(x, w_next, eps)
 
 
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -97,17 +110,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
            q8: Q8Weight | None = None) -> torch.Tensor:
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
-    than a one-row matmul (the batch-1 decode path). With `row_block`, rows are multiplied
-    in blocks of at most that many (see `rows_in_blocks`). `q8`, the same weight as exact
-    int8 blocks, takes the batches its kernel runs faster (half the bytes to read)."""
+    than a one-row matmul (the batch-1 decode path). With `row_block` (batch-invariant
+    mode), rows are multiplied in blocks of at most that many (see `rows_in_blocks`), and
+    a block of one row as two: matrix-vector, which the BLAS also picks for a one-row
+    matmul, rounds some rows differently from the same row in a block (3 in 2,000 at
+    [128, 32] in bf16). `q8`, the same weight as exact int8 blocks, takes the batches its
+    kernel runs faster (half the bytes to read)."""
     if q8 is not None and q8.takes(x):
-        y = q8.matmul(x)
+        y = q8.matmul(x, dtype=x.dtype)
         if y is not None:
-            return y.to(x.dtype)
-    if row_block is not None and x.shape[0] > row_block:
-        return rows_in_blocks(lambda part: linear(part, w), x, row_block)
+            return y
+    if row_block is not None:
+        return rows_in_blocks(lambda part: _matmul_rows(part, w), x, row_block)
     if x.dim() == 2 and x.shape[0] == 1:
         return torch.mv(w, x[0])[None]
+    return torch.nn.functional.linear(x, w)
+
+
+def _matmul_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T by the BLAS's matrix-matrix kernel, also for a single row."""
+    if x.dim() == 2 and x.shape[0] == 1:
+        return torch.nn.functional.linear(x.repeat(2, 1), w)[:1]
     return torch.nn.functional.linear(x, w)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 log = logging.getLogger("swaserve")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_functions: dict[tuple[str, str], object] = {}
 
 
 def cache_dir() -> Path:
@@ -36,12 +37,16 @@ def load(name: str) -> ctypes.CDLL | None:
 
 def function(library: str, symbol: str, restype, argtypes: list):
     """`symbol` of kernel `library` with its C signature set, or None when it cannot be
-    built here."""
-    lib = load(library)
-    if lib is None:
-        return None
-    fn = getattr(lib, symbol)  # ctypes keeps one object per symbol
-    fn.restype, fn.argtypes = restype, argtypes
+    built here. Looked up once: kernels are called ~100 times a decode step, and the
+    library lock and signature setting cost more than a small kernel's work."""
+    key = (library, symbol)
+    fn = _functions.get(key)
+    if fn is None and key not in _functions:
+        lib = load(library)
+        if lib is not None:
+            fn = getattr(lib, symbol)
+            fn.restype, fn.argtypes = restype, argtypes
+        _functions[key] = fn
     return fn
 
 

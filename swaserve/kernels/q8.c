@@ -147,9 +147,9 @@ typedef struct {
     const int8_t *pq;
     const void *ps;      /* scales: float, or float16 with F16_SCALES */
     const float *po;     /* offsets (or NULL) */
-    float *y;            /* [m, n] */
+    void *y;             /* [m, n] float32, or bf16 with BF16_OUT */
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
-    int flags;           /* HALVES, F16_SCALES */
+    int flags;           /* HALVES, F16_SCALES, BF16_OUT */
     int rc;
 } amx_job_t;
 
@@ -158,6 +158,8 @@ typedef struct {
  * 16 (halves) or 32 inputs; q * scale is exact in float32 for every GGUF format taken */
 #define HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
 #define F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
+#define BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
+#define STREAM_OUTPUTS (1 << 20) /* outputs from which y is written around the cache */
 
 static inline __m512 load_scales(const void *ps, int i, int flags) {
     if (flags & F16_SCALES)
@@ -200,25 +202,42 @@ static void config(int rows0, int rows1) {
     _tile_loadconfig(&cfg);
 }
 
-/* C tiles 0-3 to y: through a staging buffer with streaming stores. A tile stored
- * straight into y writes 16 rows n floats apart, which for a wide y (the LM head: 1 MB)
- * all fall into one cache set and evict each other. */
-static void store_c(float *y, int64_t ldy, int rows0, int rows1, int two, float *stage) {
+/* C tiles 0-3 to y: through a staging buffer, with streaming stores for a large y. A tile
+ * stored straight into y writes 16 rows n floats apart, which for a wide y (the LM head:
+ * 1 MB) all fall into one cache set and evict each other; a small y (a layer's output) is
+ * read right after, so it stays in cache. */
+static void store_c(void *yv, int64_t ldy, int rows0, int rows1, int two, float *stage,
+                    int bf16, int stream) {
     _tile_stored(0, stage, 64);
     if (two) _tile_stored(1, stage + 256, 64);
     if (rows1 > 0) {
         _tile_stored(2, stage + 512, 64);
         if (two) _tile_stored(3, stage + 768, 64);
     }
-    const int aligned = ((uintptr_t)y & 63) == 0 && (ldy & 15) == 0;
-    for (int t = 0; t < 4; t++) {
-        if ((t & 1) && !two) continue;
-        const int rows = t < 2 ? rows0 : rows1;
-        float *dst = y + (t >> 1) * 16 * ldy + (t & 1) * 16;
+    const int aligned = stream && ((uintptr_t)yv & 63) == 0 && (ldy & (bf16 ? 31 : 15)) == 0;
+    for (int i = 0; i < 2; i++) {
+        const int rows = i == 0 ? rows0 : rows1;
+        const float *st = stage + i * 512;
         for (int r = 0; r < rows; r++) {
-            const __m512 v = _mm512_load_ps(stage + t * 256 + r * 16);
-            if (aligned) _mm512_stream_ps(dst + r * ldy, v);
-            else _mm512_storeu_ps(dst + r * ldy, v);
+            const __m512 lo = _mm512_load_ps(st + r * 16), hi = _mm512_load_ps(st + 256 + r * 16);
+            if (bf16) {  /* both column blocks as one 64-byte line: no half-line stream */
+                uint16_t *dst = (uint16_t *)yv + (i * 16 + r) * ldy;
+                if (two && aligned)
+                    _mm512_stream_si512((void *)dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                else if (two)
+                    _mm512_storeu_si512((void *)dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                else
+                    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(lo));
+            } else {
+                float *dst = (float *)yv + (i * 16 + r) * ldy;
+                if (aligned) {
+                    _mm512_stream_ps(dst, lo);
+                    if (two) _mm512_stream_ps(dst + 16, hi);
+                } else {
+                    _mm512_storeu_ps(dst, lo);
+                    if (two) _mm512_storeu_ps(dst + 16, hi);
+                }
+            }
         }
     }
 }
@@ -275,7 +294,10 @@ static void *amx_run(void *arg) {
                     if (two) _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            store_c(j->y + m0 * j->n + cb * 16, j->n, rows0, rows1, two, stage);
+            const int64_t at = m0 * j->n + cb * 16;
+            const int bf16 = j->flags & BF16_OUT;
+            store_c(bf16 ? (void *)((uint16_t *)j->y + at) : (void *)((float *)j->y + at), j->n,
+                    rows0, rows1, two, stage, bf16, j->m * j->n >= STREAM_OUTPUTS);
         }
     }
     _mm_sfence();
@@ -288,7 +310,7 @@ static int amx_permitted = 0; /* 1 granted, -1 refused by the kernel */
 
 /* 0 on success; -1 for shapes it does not take, -2 when the OS does not grant AMX */
 int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
-           float *y, int64_t m, int64_t n, int64_t k, int threads) {
+           void *y, int64_t m, int64_t n, int64_t k, int threads) {
     if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (!amx_permitted)
         amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) ? -1 : 1;
@@ -320,7 +342,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     return rc;
 }
 #else
-int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int flags, float *y,
+int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int flags, void *y,
            int64_t m, int64_t n, int64_t k, int threads) {
     (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;

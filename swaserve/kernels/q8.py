@@ -34,7 +34,7 @@ TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
         + [ctypes.c_int])
-_HALVES, _F16_SCALES = 1, 2  # q8_amx flags (q8.c)
+_HALVES, _F16_SCALES, _BF16_OUT = 1, 2, 4  # q8_amx flags (q8.c)
 _amx_ok: bool | None = None
 
 
@@ -225,19 +225,27 @@ class Q8Weight:
             return x.shape[0] <= AMX_ROWS and x.dtype == torch.bfloat16
         return x.shape[0] <= FAST_ROWS and self.plain
 
-    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """x [M, K] (CPU) @ W.T in float32 (into `out`, contiguous float32 [M, N], if given),
-        or None when no kernel here takes it: tiles take bf16 x of any M (best up to
-        AMX_ROWS), rows take up to MAX_ROWS rows."""
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+        """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
+        once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
+        it: tiles take bf16 x of any M (best up to AMX_ROWS), rows up to MAX_ROWS rows. The
+        tile kernel writes bf16 itself (a cast after it was a second pass over every output,
+        ~2 ms of a batch-32 step); the rows kernel writes float32, cast here."""
         if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.shape[1]:
             return None
-        if out is None:
-            out = torch.empty(x.shape[0], self.shape[0], dtype=torch.float32)
-        elif (out.shape != (x.shape[0], self.shape[0]) or out.dtype != torch.float32
-              or not out.is_contiguous()):
-            raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 "
-                             f"[{x.shape[0]}, {self.shape[0]}], got {out.dtype} {tuple(out.shape)}")
-        return self._run_amx(x, out) if self.tiled else self._run_matvec(x, out)
+        shape = (x.shape[0], self.shape[0])
+        if out is not None and (out.shape != shape or not out.is_contiguous()
+                                or out.dtype not in (torch.float32, torch.bfloat16)):
+            raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
+                             f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
+        if self.tiled:
+            return self._run_amx(x, out if out is not None else torch.empty(shape, dtype=dtype))
+        sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)
+        y = self._run_matvec(x, sums)
+        if y is None or out is y:
+            return y
+        return out.copy_(y) if out is not None else y.to(dtype)
 
     def _run_amx(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         fn = _amx()
@@ -246,7 +254,8 @@ class Q8Weight:
         x = x.contiguous()
         m, k = x.shape
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        flags = (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
+        flags = ((self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
+                 | (y.dtype == torch.bfloat16) * _BF16_OUT)
         rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import AMX_ROWS, Q8Weight
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.loading import WeightMap, load_by_map
 
 
@@ -36,6 +37,22 @@ class DecoderLayerBase(nn.Module):
         self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
         self.o = nn.Parameter(torch.empty(h, self.q_size))
         self.q8: dict[str, Q8Weight] = {}  # exact int8 copies for small batches (use_q8)
+
+    def heads(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+              q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of [T, (H + 2 KVH) * D]: q and k RMS-normed per head (when the family
+        has those norms) and rotated by RoPE; one C call for bf16 on the CPU."""
+        cos, sin = rope
+        fused = qk_norm_rope_bf16(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                  q_norm, k_norm, cos, sin, self.eps)
+        if fused is not None:
+            v = qkv[:, self.q_size + self.kv_size:]
+            return (*fused, v.view(qkv.shape[0], self.num_kv_heads, self.head_dim))
+        q, k, v = self.split_heads(qkv)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, self.eps), rms_norm(k, k_norm, self.eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, (H + 2 KVH) * D] -> q [T, H, D], k and v [T, KVH, D]."""

@@ -10,7 +10,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, gelu_tanh_mul, linear, rms_norm
+from swaserve.model.layers import add_rms_norm, gelu_tanh_mul, linear, rms_norm
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -59,17 +59,14 @@ class Gemma3Layer(DecoderLayerBase):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
-                                           ctx.row_block, self.q8.get("qkv")))
-        q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, ctx.row_block,
+                     self.q8.get("qkv"))
+        q, k, v = self.heads(qkv, rope, self.q_norm, self.k_norm)
         o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
-        x = x + rms_norm(o, self.post_attn_norm, self.eps)
-        h = rms_norm(x, self.ffn_norm, self.eps)
+        x, h = add_rms_norm(x, o, self.post_attn_norm, self.ffn_norm, self.eps)
         h = gelu_tanh_mul(linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")))
         h = linear(h, self.down, ctx.row_block, self.q8.get("down"))
-        return x + rms_norm(h, self.post_ffn_norm, self.eps)
+        return add_rms_norm(x, h, self.post_ffn_norm, None, self.eps)[0]
 
 
 class Gemma3ForCausalLM(CausalLM):

@@ -17,7 +17,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rows_in_blocks
+from swaserve.model.layers import linear, rms_norm, rows_in_blocks
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -89,10 +89,8 @@ class GptOssLayer(DecoderLayerBase):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        q, k, v = self.split_heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
-                                          ctx.row_block) + self.qkv_bias)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
+                                    ctx.row_block) + self.qkv_bias, rope)
         o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
         x = x + linear(o, self.o, ctx.row_block, self.q8.get("o")) + self.o_bias
         return x + self.moe(rms_norm(x, self.ffn_norm, self.eps), ctx.row_block)

@@ -15,7 +15,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm
+from swaserve.model.layers import add_rms_norm, linear, rms_norm
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -38,15 +38,10 @@ class DecoderLayer(DecoderLayerBase):
                      self.q8.get("qkv"))
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = self.split_heads(qkv)
-        if self.q_norm is not None:
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        x = x + linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block,
-                       self.q8.get("o"))
-        gate, up = linear(rms_norm(x, self.ffn_norm, self.eps), self.gate_up,
-                          ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
+        q, k, v = self.heads(qkv, rope, self.q_norm, self.k_norm)
+        o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
+        x, h = add_rms_norm(x, o, None, self.ffn_norm, self.eps)
+        gate, up = linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, self.down, ctx.row_block, self.q8.get("down"))
 
 

@@ -1,0 +1,112 @@
+"""The bf16 row kernels around the matmuls (kernels/norm.c, kernels/gelu.c): torch's float32
+math with its bf16 roundings; the fused ones give the unfused path's bits exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swaserve.kernels import build
+from swaserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+
+kernels = pytest.mark.skipif(build.load("norm") is None, reason="no C compiler for the kernel")
+
+
+def test_rms_norm_kernel_matches_torch_on_rows_and_head_views():
+    from swaserve.kernels.norm import rms_norm_bf16
+
+    g = torch.Generator().manual_seed(0)
+    qkv = (torch.randn(9, 1536, generator=g) * 3).to(torch.bfloat16)
+    for x, w in [(qkv[:, :640], torch.rand(640, generator=g) + 0.5),
+                 (qkv[:, :1024].view(9, 4, 256), torch.rand(256, generator=g) + 0.5)]:
+        got = rms_norm_bf16(x, w, 1e-6)
+        if got is None:
+            pytest.skip("no C compiler for the kernel")
+        ref = F.rms_norm(x.float(), w.shape, w, 1e-6).to(torch.bfloat16)
+        assert got.shape == x.shape and got.is_contiguous()
+        # float32 sums in another order: at most one bf16 step apart, almost always equal
+        assert (got != ref).float().mean() < 1e-3
+        assert torch.allclose(got.float(), ref.float(), rtol=2**-7, atol=0)
+    assert rms_norm_bf16(qkv.float(), torch.ones(1536), 1e-6) is None  # not bf16: torch
+
+
+def test_gelu_tanh_mul_kernel_matches_torch():
+    from swaserve.kernels.gelu import gelu_tanh_mul_bf16
+
+    g = torch.Generator().manual_seed(0)
+    gu = (torch.randn(37, 2 * 1000, generator=g) * 4).to(torch.bfloat16)
+    gu[0, :6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-20, -1e-20])
+    got = gelu_tanh_mul_bf16(gu)
+    if got is None:
+        pytest.skip("no C compiler for the kernel")
+    gate, up = gu.chunk(2, dim=-1)
+    ref = F.gelu(gate, approximate="tanh") * up
+    assert got.shape == ref.shape and got.dtype == torch.bfloat16
+    # float32 exp in place of torch's tanh: its bf16 values but at a rounding boundary and
+    # where 1 + tanh(u) cancels (gate near -5: values below 1e-5) and rounds the other way
+    assert (got != ref).float().mean() < 0.01
+    assert torch.allclose(got.float(), ref.float(), rtol=2 ** -7, atol=1e-5)
+    strided = torch.cat([gu, gu], 1)[:, :2000]  # rows 4000 apart
+    assert torch.equal(gelu_tanh_mul_bf16(strided), got)
+    assert gelu_tanh_mul_bf16(gu.float()) is None
+
+
+def unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin):
+    q, k, _ = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
+    q, k = q.reshape(-1, h, d), k.reshape(-1, kvh, d)
+    if qn is not None:
+        q, k = rms_norm(q, qn, 1e-6), rms_norm(k, kn, 1e-6)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+@kernels
+@pytest.mark.parametrize("t,h,kvh,d", [(1, 4, 1, 256), (7, 8, 2, 64), (300, 4, 1, 256)])
+@pytest.mark.parametrize("norms", [True, False])
+def test_qk_norm_rope_is_the_unfused_paths_bits(t, h, kvh, d, norms):
+    from swaserve.kernels.norm import qk_norm_rope_bf16
+
+    g = torch.Generator().manual_seed(t + d)
+    qkv = (torch.randn(t, (h + 2 * kvh) * d, generator=g) * 3).to(torch.bfloat16)
+    qn = torch.rand(d, generator=g) + 0.5 if norms else None
+    kn = torch.rand(d, generator=g) + 0.5 if norms else None
+    inv, scale = rope_inv_freq(d, 10_000.0)
+    cos, sin = rope_cos_sin(torch.arange(1000, 1000 + t), inv, torch.bfloat16, scale)
+    q, k = qk_norm_rope_bf16(qkv, h, kvh, d, qn, kn, cos, sin, 1e-6)
+    rq, rk = unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin)
+    assert q.shape == (t, h, d) and k.shape == (t, kvh, d)
+    assert torch.equal(q, rq) and torch.equal(k, rk)
+
+
+@kernels
+@pytest.mark.parametrize("with_delta_norm", [True, False])
+@pytest.mark.parametrize("with_next_norm", [True, False])
+def test_add_rms_norm_is_the_unfused_paths_bits(with_delta_norm, with_next_norm):
+    from swaserve.kernels.norm import add_rms_norm_bf16
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(33, 640, generator=g) * 5).to(torch.bfloat16)
+    wide = (torch.randn(33, 1000, generator=g) * 2).to(torch.bfloat16)
+    delta = wide[:, 100:740]  # rows 1000 apart
+    wd = torch.rand(640, generator=g) + 0.5 if with_delta_norm else None
+    wn = torch.rand(640, generator=g) + 0.5 if with_next_norm else None
+    got_x, got_h = add_rms_norm_bf16(x, delta, wd, wn, 1e-6)
+    ref_x = x + (rms_norm(delta, wd, 1e-6) if wd is not None else delta)
+    assert torch.equal(got_x, ref_x)
+    if wn is None:
+        assert got_h is None
+    else:
+        assert torch.equal(got_h, rms_norm(ref_x, wn, 1e-6))
+    assert add_rms_norm_bf16(x.float(), delta.float(), wd, wn, 1e-6) is None
+
+
+def test_fused_layer_ops_fall_back_to_torch_with_the_same_results():
+    """float32 rows take torch's ops in add_rms_norm and the heads (the parity path)."""
+    from swaserve.model.layers import add_rms_norm
+
+    g = torch.Generator().manual_seed(2)
+    x, d = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    w = torch.rand(64, generator=g) + 0.5
+    got_x, got_h = add_rms_norm(x, d, w, w, 1e-6)
+    ref_x = x + F.rms_norm(d, (64,), w, 1e-6)
+    assert torch.allclose(got_x, ref_x) and torch.allclose(got_h, F.rms_norm(ref_x, (64,), w, 1e-6))

@@ -17,26 +17,58 @@
 
 #include "bf16.h"
 
+#ifdef __AVX512F__
+#include "simd.h"
+#endif
+
 #define MAX_GROUP 16  /* query heads per key/value head */
 #define MAX_DIM 512   /* head dim */
 
 #define KB 8  /* keys converted to float32 together: each q and accumulator load serves 8 */
 
-static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *slots,
-                const uint8_t *mask, const float *sinks, uint16_t *out, int64_t grp,
-                int64_t d, int64_t l, int64_t slot_stride, float scale, float *s,
-                int64_t *keys) {
-    float qf[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], blk[KB][MAX_DIM];
-    float mx[MAX_GROUP], sum[MAX_GROUP];
-    int64_t n = 0;  /* the attended keys' slots, in order */
-    for (int64_t j = 0; j < l; j++)
-        if (!mask || mask[j]) keys[n++] = slots[j];
-    for (int64_t h = 0; h < grp; h++) {
-        for (int64_t i = 0; i < d; i++) qf[h][i] = bf16_to_f32(q[h * d + i]);
-        mx[h] = sinks ? sinks[h] : -INFINITY;
-        sum[h] = 0.0f;
-        for (int64_t i = 0; i < d; i++) acc[h][i] = 0.0f;
+/* s[j] = e^(s[j] - m) for j < n; returns their sum */
+static float exp_minus(float *s, int64_t n, float m) {
+    int64_t j = 0;
+    float sum = 0.0f;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 mv = _mm512_set1_ps(m);
+    for (; j < n; j += 16) {
+        const __mmask16 live = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), mv));
+        _mm512_mask_storeu_ps(s + j, live, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(live, e));
     }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    return sum;
+}
+
+/* s[h * n + j] = scale * q_h . k_j for the n keys at slots keys[] */
+static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
+                   const int64_t *keys, int64_t n, int64_t grp, int64_t d, int64_t slot_stride,
+                   float scale, float *s, float blk[][MAX_DIM]) {
+#ifdef __AVX512BF16__
+    if (d % 32 == 0) {  /* bf16 pairs straight into float32 sums: no widening of the keys */
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *kr = k + keys[j] * slot_stride;
+            for (int64_t h = 0; h < grp; h++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; c < d; c += 32)
+                    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + h * d + c),
+                                           (__m512bh)_mm512_loadu_si512(kr + c));
+                s[h * n + j] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+        return;
+    }
+#else
+    (void)q;
+#endif
     for (int64_t j0 = 0; j0 < n; j0 += KB) {
         const int64_t nb = n - j0 < KB ? n - j0 : KB;
         for (int64_t t = 0; t < nb; t++) {
@@ -44,21 +76,50 @@ static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const i
 #pragma omp simd
             for (int64_t i = 0; i < d; i++) blk[t][i] = bf16_to_f32(kr[i]);
         }
-        for (int64_t h = 0; h < grp; h++) {
+        for (int64_t h = 0; h < grp; h++)
             for (int64_t t = 0; t < nb; t++) {
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
                 for (int64_t i = 0; i < d; i++) dot += qf[h][i] * blk[t][i];
                 s[h * n + j0 + t] = dot * scale;
-                if (dot * scale > mx[h]) mx[h] = dot * scale;
+            }
+    }
+}
+
+/* acc[h] = sum_j p[h * n + j] v_j, float32, for the n value rows at slots keys[] */
+static void weighted_values(const uint16_t *v, const int64_t *keys, int64_t n, int64_t grp,
+                            int64_t d, int64_t slot_stride, const float *s,
+                            float acc[][MAX_DIM], float blk[][MAX_DIM]) {
+#ifdef __AVX512F__
+    if (d % 32 == 0) {  /* 32 dims of 4 heads in registers across all keys */
+        for (int64_t h0 = 0; h0 < grp; h0 += 4) {
+            const int64_t hb = grp - h0 < 4 ? grp - h0 : 4;
+            const float *p0 = s + h0 * n;
+            for (int64_t c = 0; c < d; c += 32) {
+                __m512 a[4][2];
+                for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < n; j++) {
+                    const __m512i raw = _mm512_loadu_si512(v + keys[j] * slot_stride + c);
+                    const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16));
+                    const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(raw, 1)), 16));
+                    for (int h = 0; h < 4; h++) {
+                        if (h >= hb) break;
+                        const __m512 p = _mm512_set1_ps(p0[h * n + j]);
+                        a[h][0] = _mm512_fmadd_ps(p, lo, a[h][0]);
+                        a[h][1] = _mm512_fmadd_ps(p, hi, a[h][1]);
+                    }
+                }
+                for (int64_t h = 0; h < hb; h++) {
+                    _mm512_storeu_ps(acc[h0 + h] + c, a[h][0]);
+                    _mm512_storeu_ps(acc[h0 + h] + c + 16, a[h][1]);
+                }
             }
         }
+        return;
     }
-    for (int64_t h = 0; h < grp; h++)
-        for (int64_t j = 0; j < n; j++) {
-            s[h * n + j] = expf(s[h * n + j] - mx[h]);
-            sum[h] += s[h * n + j];
-        }
+#endif
     for (int64_t j0 = 0; j0 < n; j0 += KB) {
         const int64_t nb = n - j0 < KB ? n - j0 : KB;
         for (int64_t t = 0; t < nb; t++) {
@@ -79,6 +140,29 @@ static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const i
             }
         }
     }
+}
+
+static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *slots,
+                const uint8_t *mask, const float *sinks, uint16_t *out, int64_t grp,
+                int64_t d, int64_t l, int64_t slot_stride, float scale, float *s,
+                int64_t *keys) {
+    float qf[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], blk[KB][MAX_DIM];
+    float mx[MAX_GROUP], sum[MAX_GROUP];
+    int64_t n = 0;  /* the attended keys' slots, in order */
+    for (int64_t j = 0; j < l; j++)
+        if (!mask || mask[j]) keys[n++] = slots[j];
+    for (int64_t h = 0; h < grp; h++) {
+        for (int64_t i = 0; i < d; i++) qf[h][i] = bf16_to_f32(q[h * d + i]);
+        mx[h] = sinks ? sinks[h] : -INFINITY;
+        sum[h] = 0.0f;
+        for (int64_t i = 0; i < d; i++) acc[h][i] = 0.0f;
+    }
+    scores(q, qf, k, keys, n, grp, d, slot_stride, scale, s, blk);
+    for (int64_t h = 0; h < grp; h++)
+        for (int64_t j = 0; j < n; j++)
+            if (s[h * n + j] > mx[h]) mx[h] = s[h * n + j];
+    for (int64_t h = 0; h < grp; h++) sum[h] = exp_minus(s + h * n, n, mx[h]);
+    weighted_values(v, keys, n, grp, d, slot_stride, s, acc, blk);
     for (int64_t h = 0; h < grp; h++) {
         if (sinks) sum[h] += expf(sinks[h] - mx[h]);
         const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;

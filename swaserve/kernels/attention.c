@@ -48,14 +48,24 @@ static float exp_minus(float *s, int64_t n, float m) {
     return sum;
 }
 
-/* s[h * n + j] = scale * q_h . k_j for the n keys at slots keys[] */
+#define AHEAD 4 /* keys ahead whose rows are prefetched */
+
+static inline void prefetch_row(const uint16_t *row, int64_t d) {
+    for (int64_t c = 0; c < d; c += 32) __builtin_prefetch(row + c, 0, 3);
+}
+
+/* s[h * n + j] = scale * q_h . k_j for the n keys at slots keys[]. The cache rows come
+ * from memory (a step reads every layer's keys once): the key rows a few keys ahead and
+ * the value rows of the same keys are prefetched, so their latency overlaps the sums. */
 static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
-                   const int64_t *keys, int64_t n, int64_t grp, int64_t d, int64_t slot_stride,
-                   float scale, float *s, float blk[][MAX_DIM]) {
+                   const uint16_t *v, const int64_t *keys, int64_t n, int64_t grp, int64_t d,
+                   int64_t slot_stride, float scale, float *s, float blk[][MAX_DIM]) {
 #ifdef __AVX512BF16__
     if (d % 32 == 0) {  /* bf16 pairs straight into float32 sums: no widening of the keys */
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *kr = k + keys[j] * slot_stride;
+            if (j + AHEAD < n) prefetch_row(k + keys[j + AHEAD] * slot_stride, d);
+            prefetch_row(v + keys[j] * slot_stride, d);
             for (int64_t h = 0; h < grp; h++) {
                 __m512 acc = _mm512_setzero_ps();
                 for (int64_t c = 0; c < d; c += 32)
@@ -68,6 +78,7 @@ static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
     }
 #else
     (void)q;
+    (void)v;
 #endif
     for (int64_t j0 = 0; j0 < n; j0 += KB) {
         const int64_t nb = n - j0 < KB ? n - j0 : KB;
@@ -157,7 +168,7 @@ static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const i
         sum[h] = 0.0f;
         for (int64_t i = 0; i < d; i++) acc[h][i] = 0.0f;
     }
-    scores(q, qf, k, keys, n, grp, d, slot_stride, scale, s, blk);
+    scores(q, qf, k, v, keys, n, grp, d, slot_stride, scale, s, blk);
     for (int64_t h = 0; h < grp; h++)
         for (int64_t j = 0; j < n; j++)
             if (s[h * n + j] > mx[h]) mx[h] = s[h * n + j];

@@ -201,7 +201,7 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
         }
 #pragma omp barrier
         if (!failed) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
             for (int64_t job = 0; job < jobs; job++) {
                 const int64_t r = job / kvh, g = job % kvh;
                 one(q + r * q_stride + g * grp * d, k + g * d, v + g * d, slots + r * l,

@@ -20,10 +20,11 @@
  * spin for a while after each torch op, for the cores: the LM head took 21-29 ms in an
  * engine step against 14 ms alone. Without OpenMP the jobs run one after another. */
 #define MAX_THREADS 64
+#define JOBS_PER_THREAD 8 /* q8_amx: a thread that loses its core leaves its jobs to others */
 typedef void *(*task_t)(void *);
 
-static void parallel(task_t fn, void *jobs, size_t size, int n) {
-#pragma omp parallel for num_threads(n) schedule(static, 1)
+static void parallel(task_t fn, void *jobs, size_t size, int n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int i = 0; i < n; i++) fn((char *)jobs + (size_t)i * size);
 }
 
@@ -114,7 +115,7 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
         int64_t lo = t * per < n ? t * per : n, hi = lo + per < n ? lo + per : n;
         jobs[t] = (job_t){x, q, d, y, m, n, k, lo, hi};
     }
-    parallel(run, jobs, sizeof(job_t), threads);
+    parallel(run, jobs, sizeof(job_t), threads, threads);
     return 0;
 }
 
@@ -317,9 +318,11 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     if (amx_permitted < 0) return -2;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t blocks = n / 16, pairs = (blocks + 1) / 2;
-    if (threads > pairs) threads = (int)pairs;
-    amx_job_t jobs[MAX_THREADS];
-    const int64_t per = (pairs + threads - 1) / threads, nkb = k / BLOCK;
+    /* several jobs a thread, taken as threads free up: on a machine with other work (an
+     * HTTP server, its clients) one preempted thread no longer holds up the whole call */
+    int njobs = threads * JOBS_PER_THREAD < pairs ? threads * JOBS_PER_THREAD : (int)pairs;
+    amx_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
+    const int64_t per = (pairs + njobs - 1) / njobs, nkb = k / BLOCK;
     uint16_t *xp = aligned_alloc(64, (size_t)m * k * 2);
     if (!xp) return -1;
     for (int64_t m0 = 0; m0 < m; m0 += 32) {
@@ -329,14 +332,14 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
                 memcpy(xp + m0 * k + (kb * rows + r) * 32, x + (m0 + r) * k + kb * 32, 64);
     }
     x = xp;
-    for (int t = 0; t < threads; t++) {
+    for (int t = 0; t < njobs; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
         jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0};
     }
-    parallel(amx_run, jobs, sizeof(amx_job_t), threads);
+    parallel(amx_run, jobs, sizeof(amx_job_t), njobs, threads);
     int rc = 0;
-    for (int t = 0; t < threads; t++)
+    for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
     free(xp);
     return rc;

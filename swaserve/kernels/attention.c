@@ -54,6 +54,16 @@ static inline void prefetch_row(const uint16_t *row, int64_t d) {
     for (int64_t c = 0; c < d; c += 32) __builtin_prefetch(row + c, 0, 3);
 }
 
+/* blk[t] = the float32 values of pool row keys[t], t < nb */
+static void widen_rows(const uint16_t *pool, const int64_t *keys, int64_t nb, int64_t d,
+                       int64_t slot_stride, float blk[][MAX_DIM]) {
+    for (int64_t t = 0; t < nb; t++) {
+        const uint16_t *r = pool + keys[t] * slot_stride;
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++) blk[t][i] = bf16_to_f32(r[i]);
+    }
+}
+
 /* s[h * n + j] = scale * q_h . k_j for the n keys at slots keys[]. The cache rows come
  * from memory (a step reads every layer's keys once): the key rows a few keys ahead and
  * the value rows of the same keys are prefetched, so their latency overlaps the sums. */
@@ -82,11 +92,7 @@ static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
 #endif
     for (int64_t j0 = 0; j0 < n; j0 += KB) {
         const int64_t nb = n - j0 < KB ? n - j0 : KB;
-        for (int64_t t = 0; t < nb; t++) {
-            const uint16_t *kr = k + keys[j0 + t] * slot_stride;
-#pragma omp simd
-            for (int64_t i = 0; i < d; i++) blk[t][i] = bf16_to_f32(kr[i]);
-        }
+        widen_rows(k, keys + j0, nb, d, slot_stride, blk);
         for (int64_t h = 0; h < grp; h++)
             for (int64_t t = 0; t < nb; t++) {
                 float dot = 0.0f;
@@ -133,11 +139,7 @@ static void weighted_values(const uint16_t *v, const int64_t *keys, int64_t n, i
 #endif
     for (int64_t j0 = 0; j0 < n; j0 += KB) {
         const int64_t nb = n - j0 < KB ? n - j0 : KB;
-        for (int64_t t = 0; t < nb; t++) {
-            const uint16_t *vr = v + keys[j0 + t] * slot_stride;
-#pragma omp simd
-            for (int64_t i = 0; i < d; i++) blk[t][i] = bf16_to_f32(vr[i]);
-        }
+        widen_rows(v, keys + j0, nb, d, slot_stride, blk);
         for (int64_t t = nb; t < KB; t++)
             for (int64_t i = 0; i < d; i++) blk[t][i] = 0.0f;
         for (int64_t h = 0; h < grp; h++) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import TINY_WINDOW as W
 from conftest import random_prompt
@@ -145,3 +146,33 @@ def test_logits_after_hit_equal_cold_logits(tiny_hybrid):
     assert hit[1] > 0
     diffs = [(a - b).abs().max().item() for a, b in zip(hit[2], ref[2])]
     assert max(diffs) < TOL and torch.equal(torch.tensor(hit[0]), torch.tensor(ref[0]))
+
+
+def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybrid, monkeypatch):
+    """bf16 on the CPU decodes through kernels/attention.c, which reads the restored ring
+    slots and shared pages in place: after a mid-prompt hit, decoding three windows gives
+    the cold run's tokens and logits bit for bit."""
+    from swaserve.kernels import attention as kernel
+    from swaserve.kernels import build
+    from swaserve.model import attention as backend
+
+    if build.load("attention") is None:
+        pytest.skip("no C compiler for the kernel")
+    calls = []
+
+    def counted(*a, **kw):
+        out = kernel.decode_attention_bf16(*a, **kw)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(backend, "decode_attention_bf16", counted)
+    path, _ = tiny_hybrid
+    eng = engine(path, dtype="bfloat16")
+    base = random_prompt(5 * W + 3, seed=80)
+    run(eng, [base], 3 * W)
+    other = base[:4 * W] + random_prompt(9, seed=81)
+    hit = run(eng, [other], 3 * W)[0]
+    ref = run(engine(path, prefix_cache=False, dtype="bfloat16"), [other], 3 * W)[0]
+    assert hit[1] == 4 * W and any(calls), "no hit, or the kernel was not used"
+    assert hit[0] == ref[0]
+    assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))

@@ -13,8 +13,9 @@ without a compiler the bf16 path is used). Two layouts:
 - AMX tiles (`to_tiles`, on CPUs with AMX and for bf16 activations): each block of 16
   outputs x 32 inputs in the pair-interleaved order of an AMX tile. `q8_amx` widens a
   block to bf16 (q * scale - offset, rounded once: the very values of the bf16 copy) and
-  multiplies it on the tile unit, up to AMX_ROWS rows. LM head 13-15 ms at 1 row (the
-  DRAM floor here), 20-24 ms at 32 against 40-44 for bf16 (benchmarks/README.md).
+  multiplies it on the tile unit, up to AMX_ROWS rows. LM head alone 10.5-12 ms at 1 row,
+  13-15 ms at 32 against 40-44 for bf16; bound by the widening (22.9 ms on one thread), not
+  by bytes (benchmarks/README.md).
 """
 
 from __future__ import annotations

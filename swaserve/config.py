@@ -71,9 +71,9 @@ class EngineConfig:
                 "matmuls in blocks of 32 rows, decode keys padded to 512, prompts chunked at "
                 "fixed positions, no prefix cache (slower prefill)"})
     int8_weights: bool = field(default=True, metadata={
-        "help": "batches of up to 4 rows multiply the GGUF's Q8_0/Q5_0 weights (LM head, "
-                "q/k/v, gate/up) as exact int8 blocks: about half the bytes of bf16 "
-                "(bf16/fp16 on CPU with a C compiler)"})
+        "help": "decode batches multiply the GGUF's quantized weights as int8 blocks, half "
+                "the bytes of bf16: up to 6 rows the exact weights (AVX-512 VNNI), up to 32 "
+                "their bf16 values (AMX); bf16 on a CPU with a C compiler"})
     overlap: bool = field(default=True, metadata={
         "help": "schedule and prepare the next step while the current one computes"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})

@@ -107,7 +107,7 @@ def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
     values, and measurably not the product of the unrounded weights."""
     w = random_weight(n, k, m).to_tiles()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-    y = w.matmul(x)
+    y = w.matmul(x, kernel="amx")
     assert y.dtype == torch.float32 and y.shape == (m, n)
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
     unrounded = x.double() @ w.dequantize().double().T
@@ -122,7 +122,7 @@ def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
 def test_amx_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
     w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
     x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    y = w.matmul(x)
+    y = w.matmul(x, kernel="amx")
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
     assert (y.double() - ref).abs().max().item() < 1e-6 * 32 * ref.abs().max().item()
 
@@ -136,16 +136,17 @@ def test_amx_takes_q8_0_scales_as_float16_exactly():
     assert t.scales.dtype == torch.float16 and torch.equal(t.dequantize(), w.dequantize())
     x = torch.randn(3, 640, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
-    assert (t.matmul(x).double() - ref).abs().max().item() < 1e-6 * 20 * ref.abs().max().item()
+    y = t.matmul(x, kernel="amx")
+    assert (y.double() - ref).abs().max().item() < 1e-6 * 20 * ref.abs().max().item()
 
 
 @amx
 def test_amx_rows_do_not_depend_on_their_batch():
     w = random_weight(96, 640, 1).to_tiles()
     x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    whole = w.matmul(x)
+    whole = w.matmul(x, kernel="amx")
     for lo, hi in [(0, 1), (3, 20), (7, 40), (31, 33)]:
-        assert torch.equal(w.matmul(x[lo:hi]), whole[lo:hi])
+        assert torch.equal(w.matmul(x[lo:hi], kernel="amx"), whole[lo:hi])
 
 
 @amx
@@ -153,13 +154,101 @@ def test_amx_rows_do_not_depend_on_their_batch():
 def test_amx_bf16_results_are_its_float32_sums_rounded_once(m, n):
     w = random_weight(n, 640, m).to_tiles()
     x = torch.randn(m, 640, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    sums = w.matmul(x)
-    y = w.matmul(x, dtype=torch.bfloat16)
+    sums = w.matmul(x, kernel="amx")
+    y = w.matmul(x, dtype=torch.bfloat16, kernel="amx")
     assert y.dtype == torch.bfloat16 and torch.equal(y, sums.to(torch.bfloat16))
     into = torch.empty(m, n, dtype=torch.bfloat16)
-    assert w.matmul(x, out=into) is into and torch.equal(into, y)
+    assert w.matmul(x, out=into, kernel="amx") is into and torch.equal(into, y)
     with pytest.raises(ValueError, match="out must be contiguous"):
-        w.matmul(x, out=torch.empty(m, n, dtype=torch.float16))
+        w.matmul(x, out=torch.empty(m, n, dtype=torch.float16), kernel="amx")
+
+
+vnni = pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI (or no compiler)")
+
+
+def assert_int16_product(y: torch.Tensor, x: torch.Tensor, w: q8.Q8Weight) -> float:
+    """y is x @ w.T of the exact weights but for what int16 activations lose: each value
+    within 2^-15 of its block of 32's largest (plus float32 round-off of the sums).
+    Returns the largest error relative to the largest output."""
+    wd = w.dequantize().double()
+    exact = x.double() @ wd.T
+    amax = x.double().abs().view(x.shape[0], -1, 32).amax(dim=2).repeat_interleave(32, dim=1)
+    bound = (amax @ wd.abs().T) * 2.0 ** -15 + 1e-6 * (x.double().abs() @ wd.abs().T)
+    assert ((y.double() - exact).abs() <= bound).all()
+    return (y.double() - exact).abs().max().item() / exact.abs().max().item()
+
+
+@vnni
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (2, 48, 640), (3, 64, 96), (5, 1536, 640),
+                                   (8, 640, 2048)])
+def test_vnni_product_is_the_exact_weight_product(m, n, k):
+    """Few rows multiply the GGUF's weights themselves (not their bf16 copy) by activations
+    held as int16 per block of 32: ten times and more closer to float64's product of the
+    exact weights than the tile unit's bf16 weights get."""
+    w = random_weight(n, k, m).to_tiles()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    y = w.matmul(x, kernel="vnni")
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    err = assert_int16_product(y, x, w)
+    if q8.amx_available():
+        exact = x.double() @ w.dequantize().double().T
+        amx_err = (w.matmul(x, kernel="amx").double() - exact).abs().max().item()
+        assert amx_err / exact.abs().max().item() > 10 * err
+
+
+@vnni
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_vnni_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
+    w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
+    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    assert_int16_product(w.matmul(x, kernel="vnni"), x, w)
+
+
+@vnni
+def test_vnni_takes_q8_0_scales_as_float16_and_writes_bf16_as_its_sums_rounded_once():
+    rng = np.random.default_rng(1)
+    t = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
+                                     64, 640).to_tiles()
+    assert t.scales.dtype == torch.float16
+    x = torch.randn(3, 640, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    sums = t.matmul(x, kernel="vnni")
+    assert_int16_product(sums, x, t)
+    assert torch.equal(t.matmul(x, dtype=torch.bfloat16, kernel="vnni"), sums.to(torch.bfloat16))
+
+
+@vnni
+def test_vnni_rows_do_not_depend_on_their_batch_and_the_row_count_picks_the_kernel():
+    w = random_weight(96, 640, 1).to_tiles()
+    x = torch.randn(q8.VNNI_ROWS + 1, 640, generator=torch.Generator().manual_seed(2)).to(
+        torch.bfloat16)
+    whole = w.matmul(x[:q8.VNNI_ROWS])
+    assert torch.equal(whole, w.matmul(x[:q8.VNNI_ROWS], kernel="vnni"))
+    for lo, hi in [(0, 1), (1, 3), (2, q8.VNNI_ROWS)]:
+        assert torch.equal(w.matmul(x[lo:hi]), whole[lo:hi])
+    if q8.amx_available():  # one row more: the tile unit
+        assert torch.equal(w.matmul(x), w.matmul(x, kernel="amx"))
+
+
+@vnni
+def test_vnni_activation_blocks_keep_their_own_range_zeros_and_nans():
+    """Each block of 32 gets its own power of two: blocks from 1e-30 to 1e30 in one row,
+    and rows of tiny or huge values alone, keep int16's precision; a zero row gives zeros;
+    a NaN (or an infinity) makes its own row NaN, no other."""
+    w = random_weight(32, 256, 4).to_tiles()
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(3))
+    x[0] *= (10.0 ** torch.arange(-30, 31, 60 / 7)).repeat_interleave(32)
+    x[1] *= 1e-30
+    x[2] *= 1e30
+    x[3, 37] = 1e6  # a block whose other values are far below its largest
+    x[4] = 0
+    x[5, 100] = float("nan")
+    x[6, 3] = float("inf")
+    x = x.to(torch.bfloat16)
+    y = w.matmul(x, kernel="vnni")
+    assert_int16_product(y[:4], x[:4], w)
+    assert torch.equal(y[4], torch.zeros(32))
+    assert y[5:].isnan().all() and not y[:5].isnan().any()
 
 
 @pytest.mark.skipif(not q8.available(), reason="no C compiler for the kernel")

@@ -192,35 +192,72 @@ def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
     assert kinds == {"Q4_K", "Q6_K"}
 
 
-def test_int8_tiles_give_the_bf16_paths_logits_at_every_batch_size():
-    """32 prompts decoded greedily through the int8 AMX kernels (the LM head's output
+def test_int8_tiles_give_the_bf16_paths_logits_at_every_batch_size(monkeypatch):
+    """32 prompts decoded greedily through the int8 AMX kernel (the LM head's output
     buffer reused step after step) and through the bf16 weights: where the two have read
     the same tokens, their logits differ by at most the bf16 path's own output rounding
-    (0.125 at logits of 16-32), and a near-tie rarely parts their texts."""
-    from swaserve import LLM, SamplingParams
+    (0.125 at logits of 16-32), and a near-tie rarely parts their texts. The AMX kernel
+    takes every row count here (the few-row steps of the prompts' ends too): it
+    multiplies the bf16 copy's very weights, the VNNI kernel the exact ones."""
     from swaserve.kernels import q8
 
     if not q8.amx_available():
-        pytest.skip("no AMX here: the int8 path is the float32 matvec kernel")
+        pytest.skip("no AMX here")
+    monkeypatch.setattr(q8, "VNNI_ROWS", 0)
     prompts = [long_text()[i * 97:i * 97 + 160] for i in range(32)]
-    runs = []
-    for int8 in (True, False):
-        llm = LLM(max_running_requests=32, prefix_cache=False, int8_weights=int8)
-        assert (llm.engine.model.lm_head_q8 is not None) == int8
+    runs = _greedy_runs(prompts, 8, int8={}, bf16={"int8_weights": False})
+    diffs, identical = _agreement(runs["int8"], runs["bf16"])
+    assert len(diffs) >= 32 * 4 and max(diffs) <= 0.25
+    assert identical >= 24
+
+
+def _greedy_runs(prompts: list[str], tokens: int, **engines) -> dict[str, list]:
+    """For each named engine (LLM options; "int8" the one with int8 weights): (token ids,
+    [logits of each step]) a prompt."""
+    from swaserve import LLM, SamplingParams
+
+    runs = {}
+    for name, options in engines.items():
+        llm = LLM(max_running_requests=len(prompts), prefix_cache=False, **options)
+        assert (llm.engine.model.lm_head_q8 is not None) == (name == "int8")
         llm.engine.logits_log = []
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens,
+                                                    ignore_eos=True))
         logits = {}
         for rid, _, lg in llm.engine.logits_log:
-            logits.setdefault(rid, []).append(lg)
-        runs.append([(o.token_ids, logits[o.request_id]) for o in outs])
+            logits.setdefault(rid, []).append(lg.float())
+        runs[name] = [(o.token_ids, logits[o.request_id]) for o in outs]
         del llm
+    return runs
+
+
+def _agreement(a: list, b: list) -> tuple[list[float], int]:
+    """Largest logit difference at each step the two runs read the same tokens (and the
+    first step after), and how many prompts they continued identically."""
     diffs, identical = [], 0
-    for (ta, la), (tb, lb) in zip(*runs):
+    for (ta, la), (tb, lb) in zip(a, b):
         same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
         identical += same == len(ta)
         diffs += [(x - y).abs().max().item() for x, y in zip(la[:same + 1], lb[:same + 1])]
-    assert len(diffs) >= 32 * 4 and max(diffs) <= 0.25
-    assert identical >= 24
+    return diffs, identical
+
+
+def test_int8_vnni_rows_are_as_close_to_float32_as_the_bf16_path():
+    """Decode batches of up to VNNI_ROWS multiply the GGUF's exact weights (int16
+    activations): their logits are no further from the float32 engine's than those of
+    the bf16 weights, and they continue at least as many prompts the same way."""
+    from swaserve.kernels import q8
+
+    if not q8.vnni_available():
+        pytest.skip("no AVX-512 VNNI here")
+    prompts = [long_text()[i * 97:i * 97 + 160] for i in range(min(4, q8.VNNI_ROWS))]
+    runs = _greedy_runs(prompts, 16, fp32={"dtype": "float32"}, bf16={"int8_weights": False},
+                        int8={})
+    d_int8, same_int8 = _agreement(runs["fp32"], runs["int8"])
+    d_bf16, same_bf16 = _agreement(runs["fp32"], runs["bf16"])
+    median = lambda d: sorted(d)[len(d) // 2]  # noqa: E731
+    assert median(d_int8) <= median(d_bf16) and max(d_int8) < 1.5
+    assert same_int8 >= same_bf16
 
 
 def test_cli_structured_output_and_bad_grammar():

@@ -10,12 +10,16 @@ without a compiler the bf16 path is used). Two layouts:
 
 - row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to FAST_ROWS rows, Q8_0 and
   Q5_0 only): the fallback on CPUs without AMX;
-- AMX tiles (`to_tiles`, on CPUs with AMX and for bf16 activations): each block of 16
-  outputs x 32 inputs in the pair-interleaved order of an AMX tile. `q8_amx` widens a
-  block to bf16 (q * scale - offset, rounded once: the very values of the bf16 copy) and
-  multiplies it on the tile unit, up to AMX_ROWS rows. LM head alone 10.5-12 ms at 1 row,
-  13-15 ms at 32 against 40-44 for bf16; bound by the widening (22.9 ms on one thread), not
-  by bytes (benchmarks/README.md).
+- tiles (`to_tiles`, on CPUs with AMX or AVX-512 VNNI, for bf16 activations): each block
+  of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Up to VNNI_ROWS
+  rows `q8_vnni` writes each row of activations as int16 with a power of two per 32
+  inputs and multiplies the int8 values themselves (VPDPWSSD, exact integer sums per
+  group, scales and offsets applied in float32): the file's exact weights, ~1e-5 from a
+  float64 product where the bf16 copy's weights are ~2e-3 off. More rows go to `q8_amx`,
+  which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
+  bf16 copy) and multiplies it on the tile unit, up to AMX_ROWS rows. The LM head at 1 row:
+  6.9-9 ms through q8_vnni (near the 168 MB it reads at ~24 GB/s), 14-16 through q8_amx,
+  which is bound by the widening; a batch-1 decode step 1.4x faster (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ BLOCK = 32
 MAX_ROWS = 8  # rows of activations one q8_matvec call takes (q8.c)
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
 AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
+VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step (it takes 8)
 TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
         + [ctypes.c_int])
 _HALVES, _F16_SCALES, _BF16_OUT = 1, 2, 4  # q8_amx flags (q8.c)
 _amx_ok: bool | None = None
+_vnni_ok: bool | None = None
 
 
 def _matvec():
@@ -48,22 +54,40 @@ def _amx():
     return build.function("q8", "q8_amx", ctypes.c_int, _AMX)
 
 
+def _vnni():
+    return build.function("q8", "q8_vnni", ctypes.c_int, _AMX)
+
+
 def available() -> bool:
     return _matvec() is not None
 
 
+def _works(fn) -> bool:
+    """Whether tile kernel `fn` runs here and multiplies right (one real product)."""
+    if fn is None:
+        return False
+    w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
+                 torch.full((TILE_N, 1), 0.5)).to_tiles()
+    y = torch.empty(1, TILE_N)
+    return w._run_tiles(fn, torch.ones(1, BLOCK, dtype=torch.bfloat16), y) is y and bool(
+        (y == 16.0).all())
+
+
 def amx_available() -> bool:
     """The kernel was built with AMX and the OS grants this process the tile registers
-    (checked once, on a real product)."""
+    (checked once)."""
     global _amx_ok
     if _amx_ok is None:
-        _amx_ok = False
-        if _amx() is not None:
-            w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
-                         torch.full((TILE_N, 1), 0.5)).to_tiles()
-            y = w.matmul(torch.ones(1, BLOCK, dtype=torch.bfloat16))
-            _amx_ok = y is not None and bool((y == 16.0).all())
+        _amx_ok = _works(_amx())
     return _amx_ok
+
+
+def vnni_available() -> bool:
+    """The kernel was built with AVX-512 VNNI (checked once)."""
+    global _vnni_ok
+    if _vnni_ok is None:
+        _vnni_ok = _works(_vnni())
+    return _vnni_ok
 
 
 class Q8Weight:
@@ -192,7 +216,8 @@ class Q8Weight:
     def for_activations(self, dtype: torch.dtype) -> Q8Weight | None:
         """The layout the fastest kernel here takes for activations of `dtype`; None when
         no kernel here takes this weight."""
-        if dtype == torch.bfloat16 and self.shape[0] % TILE_N == 0 and amx_available():
+        if (dtype == torch.bfloat16 and self.shape[0] % TILE_N == 0
+                and (amx_available() or vnni_available())):
             return self.to_tiles()
         return self if self.plain else None
 
@@ -223,16 +248,22 @@ class Q8Weight:
     def takes(self, x: torch.Tensor) -> bool:
         """Whether `matmul` runs x here at least as fast as the bf16 copy would."""
         if self.tiled:
-            return x.shape[0] <= AMX_ROWS and x.dtype == torch.bfloat16
+            m = x.shape[0]
+            return x.dtype == torch.bfloat16 and (
+                (m <= VNNI_ROWS and vnni_available()) or (m <= AMX_ROWS and amx_available()))
         return x.shape[0] <= FAST_ROWS and self.plain
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+               dtype: torch.dtype = torch.float32, kernel: str | None = None
+               ) -> torch.Tensor | None:
         """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
         once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
-        it: tiles take bf16 x of any M (best up to AMX_ROWS), rows up to MAX_ROWS rows. The
-        tile kernel writes bf16 itself (a cast after it was a second pass over every output,
-        ~2 ms of a batch-32 step); the rows kernel writes float32, cast here."""
+        it. Tiles take bf16 x: up to VNNI_ROWS rows through q8_vnni (the exact weights,
+        int16 activations), more through q8_amx (the bf16 copy's weights, best up to
+        AMX_ROWS); `kernel` ("vnni" or "amx") picks one whatever the rows. Rows take up to
+        MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second
+        pass over every output, ~2 ms of a batch-32 step); the rows kernel writes float32,
+        cast here."""
         if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.shape[1]:
             return None
         shape = (x.shape[0], self.shape[0])
@@ -241,15 +272,18 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            return self._run_amx(x, out if out is not None else torch.empty(shape, dtype=dtype))
+            if kernel is None:
+                kernel = "vnni" if x.shape[0] <= VNNI_ROWS and vnni_available() else "amx"
+            fn = {"vnni": _vnni, "amx": _amx}[kernel]()
+            return self._run_tiles(fn, x, out if out is not None else torch.empty(shape, dtype=dtype))
         sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)
         y = self._run_matvec(x, sums)
         if y is None or out is y:
             return y
         return out.copy_(y) if out is not None else y.to(dtype)
 
-    def _run_amx(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        fn = _amx()
+    def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """q8_vnni or q8_amx (the same arguments) on this tiled weight"""
         if fn is None or x.dtype != torch.bfloat16:
             return None
         x = x.contiguous()

@@ -67,7 +67,7 @@ def test_overlap_on_and_off_give_identical_outputs(tiny_with_tokenizer, kw):
 
 
 def test_free_rows_chain_and_grammar_rows_do_not(tiny_with_tokenizer):
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32")
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", overlap=True)
     eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     eng.step()  # prefill, read back; the first decode is already launched behind it
     eng.step()
@@ -86,7 +86,7 @@ def test_free_rows_chain_and_grammar_rows_do_not(tiny_with_tokenizer):
 def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer):
     """A row that stops on a token read while the next step already computes it: that
     surplus token is dropped and its memory outlives the step, not the other way round."""
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", prefix_cache=False)
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", prefix_cache=False, overlap=True)
     plain = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     first = LLM(tiny_with_tokenizer, dtype="float32", overlap=False).generate(
         [5, 6, 7], plain)[0].token_ids
@@ -100,3 +100,11 @@ def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer
     eng.check_integrity()
     eng.settle()
     assert req.row is None and eng.cache.is_fully_free()
+
+
+def test_overlap_is_off_by_default_on_a_cpu_and_on_when_asked(tiny_with_tokenizer):
+    """On a CPU the forward keeps every core busy and host work beside it only slows it
+    (benchmarks/README.md): off unless asked for."""
+    assert LLM(tiny_with_tokenizer, dtype="float32").engine._worker is None
+    eng = LLM(tiny_with_tokenizer, dtype="float32", overlap=True).engine
+    assert eng.overlap and eng._worker is not None

@@ -5,7 +5,7 @@
 The offline API calls `step` in a loop; the server runs it in its own thread and talks to
 it through queues.
 
-Overlap scheduling (on by default): the forward and sampling of a step run on a worker
+Overlap scheduling (on by default on a GPU, off on a CPU): the forward and sampling of a step run on a worker
 thread (torch releases the GIL in its kernels) while the engine thread schedules and
 prepares the next step and postprocesses the previous one (stop checks, detokenization,
 streaming). The next step's decode tokens are the in-flight step's sampled tokens, copied
@@ -121,9 +121,10 @@ class Engine:
             eos |= set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = frozenset(eos)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos))
-        self.overlap = config.overlap
+        # on a CPU the host work would take a core from the forward's threads
+        self.overlap = config.overlap if config.overlap is not None else self.device.type != "cpu"
         self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
-                        if config.overlap else None)
+                        if self.overlap else None)
         self._inflight: _Launched | None = None
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}

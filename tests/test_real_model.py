@@ -260,6 +260,30 @@ def test_int8_vnni_rows_are_as_close_to_float32_as_the_bf16_path():
     assert same_int8 >= same_bf16
 
 
+def test_fused_decode_layers_are_the_layers_bits_on_the_real_model():
+    """kernels/decode.c runs the 18 layers of a decode step in one call: at 2 rows (the
+    VNNI kernel) and at 8 (AMX), the logits of every step are bit for bit those of the
+    layers run one by one."""
+    from swaserve import LLM, SamplingParams
+
+    llm = LLM(max_running_requests=8, prefix_cache=False)
+    eng = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    steps = 0
+    for n in (2, 8):
+        prompts = [long_text()[i * 131:i * 131 + 120] for i in range(n)]
+        runs = []
+        for fused in (True, False):
+            eng.model.fused_decode = fused
+            eng.logits_log = []
+            outs = llm.generate(prompts, params)
+            runs.append(([o.token_ids for o in outs], [lg for _, _, lg in eng.logits_log]))
+        assert eng.model._fused[1].steps >= steps + 9  # every decode step of the first run
+        steps = eng.model._fused[1].steps
+        assert runs[0][0] == runs[1][0] and len(runs[0][1]) == 10 * n
+        assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
 def test_cli_structured_output_and_bad_grammar():
     import re
 

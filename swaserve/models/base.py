@@ -2,7 +2,8 @@
 and one RoPE table per layer kind (Gemma 3 uses another base on its sliding layers).
 
 A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map) and,
-where it differs, `embed_scale` and `norm_weight`."""
+where it differs, `embed_scale` and `norm_weight`; `fused_decode` when its layers are the
+shape that kernels/decode.c runs a decode step of in one call."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swaserve.kernels.decode import FusedDecode
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import AMX_ROWS, Q8Weight
-from swaserve.model.attention import AttentionBackend
+from swaserve.model.attention import AttentionBackend, SDPABackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
 from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
@@ -67,6 +69,7 @@ class CausalLM(nn.Module):
     layer: type[nn.Module]
     weights: WeightMap
     scale_embeddings = False  # Gemma multiplies embeddings by sqrt(hidden)
+    fused_decode = False  # decode steps' layers in one C call (kernels/decode.c)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -82,6 +85,7 @@ class CausalLM(nn.Module):
         self._logits_out: torch.Tensor | None = None  # its reused output (`forward`)
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
+        self._fused: tuple[AttentionBackend, FusedDecode] | None = None  # for self.attn
         full = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         local_theta = cfg.rope_local_theta or cfg.rope_theta
         same = local_theta == cfg.rope_theta and cfg.rope_local_scaling == cfg.rope_scaling
@@ -114,6 +118,16 @@ class CausalLM(nn.Module):
             self._logits_out = torch.empty(max(rows, AMX_ROWS) * n, dtype=torch.float32)
         return self._logits_out[:rows * n].view(rows, n)
 
+    def _fused_layers(self, x: torch.Tensor, rope: dict, ctx: ForwardContext
+                      ) -> torch.Tensor | None:
+        """All layers of a decode step in one C call where the family and the step allow
+        (kernels/decode.py): the same bits as the layers one by one."""
+        if not self.fused_decode or not isinstance(self.attn, SDPABackend):
+            return None
+        if self._fused is None or self._fused[0] is not self.attn:
+            self._fused = (self.attn, FusedDecode(self.layers, self.attn))
+        return self._fused[1].run(x, rope, ctx, self.scale)
+
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
         the sampler widens them to float32 only where it edits or samples (a greedy batch
@@ -128,8 +142,12 @@ class CausalLM(nn.Module):
         for sliding, (inv, s) in self.rope.items():
             same = sliding and self.rope[True] is self.rope[False]
             rope[sliding] = rope[False] if same else rope_cos_sin(ctx.positions, inv, x.dtype, s)
-        for layer in self.layers:
-            x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
+        fused = self._fused_layers(x, rope, ctx)
+        if fused is not None:
+            x = fused
+        else:
+            for layer in self.layers:
+                x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
         logits = None
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x):

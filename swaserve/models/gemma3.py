@@ -73,3 +73,4 @@ class Gemma3ForCausalLM(CausalLM):
     layer = Gemma3Layer
     weights = WEIGHTS
     scale_embeddings = True
+    fused_decode = True  # kernels/decode.c is this layer, kernel for kernel

@@ -1,0 +1,92 @@
+"""A decode step's layers in one C call (kernels/decode.c) give the bits of the layers run
+one by one: the same kernels in the same order, only without Python between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_WINDOW as W
+from conftest import random_prompt, tiny_engine
+
+from swaserve.kernels import decode, q8
+from swaserve.sampling.params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
+                                reason="no int8 tile kernel here")
+
+
+def int8_copy(w: torch.Tensor) -> q8.Q8Weight:
+    """w as int8 with a float scale per 32 inputs (Q8_0's rule), in tile order."""
+    blocks = w.float().view(w.shape[0], -1, 32)
+    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / 127
+    q = (blocks / scales[:, :, None]).round().clamp(-127, 127).to(torch.int8)
+    return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
+
+
+def bf16_engine_with_int8_weights(path, **kw):
+    eng = tiny_engine(path, dtype="bfloat16", prefix_cache=False, **kw)
+    weights = {f"{i}.{name}": int8_copy(getattr(layer, name))
+               for i, layer in enumerate(eng.model.layers)
+               for name in ("qkv", "o", "gate_up", "down")}
+    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed), **weights})
+    return eng
+
+
+def decode_runs(eng, prompts, tokens: int) -> tuple[list, list, int]:
+    """(tokens, logits) a prompt with the fused call on, then off; and how many steps the
+    fused call ran."""
+    runs, fused_steps = [], 0
+    for on in (True, False):
+        eng.model.fused_decode = on
+        eng.logits_log = []
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        reqs = [eng.add_request(p, params)[0] for p in prompts]
+        while eng.has_unfinished():
+            eng.step()
+        if on:
+            fused_steps = eng.model._fused[1].steps
+        runs.append([(r.output_token_ids, [lg for rid, _, lg in eng.logits_log
+                                           if rid == r.request_id]) for r in reqs])
+        assert eng.cache.is_fully_free()
+    return runs[0], runs[1], fused_steps
+
+
+def assert_same_bits(fused: list, plain: list, tokens: int) -> None:
+    for (ta, la), (tb, lb) in zip(fused, plain, strict=True):
+        assert ta == tb and len(la) == len(lb) == tokens
+        assert all(torch.equal(a, b) for a, b in zip(la, lb))
+
+
+@pytest.mark.parametrize("batch", [1, 3, q8.VNNI_ROWS + 2])
+def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
+    """Sliding and full layers, rings that wrap (prompts and outputs past the window),
+    rows of different lengths (masks), the VNNI and the AMX row counts."""
+    eng = bf16_engine_with_int8_weights(tiny_hybrid[0], max_running_requests=batch)
+    prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(batch)]
+    fused, plain, steps = decode_runs(eng, prompts, 3 * W)
+    assert steps >= 3 * W - 2  # every pure decode step
+    assert_same_bits(fused, plain, 3 * W)
+
+
+def test_fused_layers_take_models_of_one_attention_kind(tiny_all_sliding, tiny_no_sliding):
+    for path in (tiny_all_sliding[0], tiny_no_sliding[0]):
+        eng = bf16_engine_with_int8_weights(path, max_running_requests=2)
+        fused, plain, steps = decode_runs(eng, [random_prompt(5, 1), random_prompt(11, 2)], 12)
+        assert steps > 0
+        assert_same_bits(fused, plain, 12)
+
+
+def test_fused_layers_decline_what_they_do_not_run(tiny_hybrid):
+    """float32, weights without int8 tiles and prefill steps keep the layers one by one."""
+    eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=False)
+    _, _, steps = decode_runs(eng, [random_prompt(6, 3)], 4)
+    assert not eng.model._fused[1].ok and steps == 0
+    eng32 = tiny_engine(tiny_hybrid[0])  # float32: the parity path
+    eng32.model.use_q8({f"{i}.{n}": int8_copy(getattr(layer, n).bfloat16())
+                        for i, layer in enumerate(eng32.model.layers)
+                        for n in ("qkv", "o", "gate_up", "down")})
+    _, _, steps = decode_runs(eng32, [random_prompt(6, 3)], 4)
+    assert steps == 0
+    prefill_only = bf16_engine_with_int8_weights(tiny_hybrid[0])
+    _, _, steps = decode_runs(prefill_only, [random_prompt(6, 3)], 1)
+    assert steps == 0 and isinstance(prefill_only.model._fused[1], decode.FusedDecode)

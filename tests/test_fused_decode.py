@@ -90,3 +90,34 @@ def test_fused_layers_decline_what_they_do_not_run(tiny_hybrid):
     prefill_only = bf16_engine_with_int8_weights(tiny_hybrid[0])
     _, _, steps = decode_runs(prefill_only, [random_prompt(6, 3)], 1)
     assert steps == 0 and isinstance(prefill_only.model._fused[1], decode.FusedDecode)
+
+
+def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybrid):
+    """With the prefix cache, every token's sliding-layer k/v also goes to its window page;
+    a follow-up turn that hits the tokens decoded by the fused call reads them back: the
+    same bits as an engine that ran its layers one by one."""
+    runs = []
+    for on in (True, False):
+        eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=True,
+                          max_running_requests=2)
+        eng.model.use_q8({f"{i}.{n}": int8_copy(getattr(layer, n))
+                          for i, layer in enumerate(eng.model.layers)
+                          for n in ("qkv", "o", "gate_up", "down")})
+        eng.model.fused_decode = on
+        eng.logits_log = []
+        params = SamplingParams(temperature=0, max_tokens=3 * W, ignore_eos=True)
+        first = eng.add_request(random_prompt(13, 5), params)[0]
+        while eng.has_unfinished():
+            eng.step()
+        follow = first.prompt_token_ids + first.output_token_ids + random_prompt(3, 6)
+        second = eng.add_request(follow, params)[0]
+        while eng.has_unfinished():
+            eng.step()
+        assert second.num_cached_tokens > 13 + W  # decoded tokens came from the cache
+        assert (eng.model._fused is not None and eng.model._fused[1].steps > 0) == on
+        runs.append((first.output_token_ids, second.output_token_ids,
+                     [lg for _, _, lg in eng.logits_log]))
+        eng.check_integrity()
+    (a1, a2, la), (b1, b2, lb) = runs
+    assert a1 == b1 and a2 == b2 and len(la) == len(lb) == 6 * W
+    assert all(torch.equal(x, y) for x, y in zip(la, lb))

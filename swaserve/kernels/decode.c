@@ -9,7 +9,8 @@
  * libraries Python has already loaded, so each kernel exists once.
  *
  * Layer shape (Gemma 3): h = norm(x); q, k, v = qkv(h), q/k normed and rotated; the new k
- * and v written into the cache slots; attention over the cache; x, h = x + norm(o(attn)),
+ * and v written into the cache slots (and a sliding layer's through to the prefix cache's
+ * window pages); attention over the cache; x, h = x + norm(o(attn)),
  * norm(.); x = x + norm(down(gelu(gate) * up)).
  */
 #include <stdint.h>
@@ -54,6 +55,7 @@ typedef struct {
     q8w_t qkv, o, gate_up, down;
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
     uint16_t *k_pool, *v_pool; /* [S, KVH, D] */
+    uint16_t *kw_pool, *vw_pool; /* the prefix cache's window pages, or NULL */
     int64_t kind;              /* which `kind_t` of the step: 0 sliding, 1 full */
 } layer_t;
 
@@ -63,6 +65,8 @@ typedef struct { /* per attention kind, for this step */
     const uint8_t *mask;        /* [m, keys] or NULL */
     int64_t keys;
     const uint16_t *cos, *sin;  /* [m, D] */
+    const int64_t *page_rows, *page_slots; /* rows whose k, v also go to window pages */
+    int64_t num_page_writes;
 } kind_t;
 
 typedef struct { /* scratch, each [m, its width] bf16 */
@@ -93,6 +97,11 @@ int decode_layers(const fns_t *f, const layer_t *layers, int64_t num_layers,
             const int64_t s = kd->write_slots[r];
             memcpy(L->k_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
             memcpy(L->v_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs, (size_t)kvs * 2);
+        }
+        for (int64_t j = 0; L->kw_pool && j < kd->num_page_writes; j++) { /* write-through */
+            const int64_t r = kd->page_rows[j], s = kd->page_slots[j];
+            memcpy(L->kw_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
+            memcpy(L->vw_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs, (size_t)kvs * 2);
         }
         if ((rc = f->attn(b->q, qs, L->k_pool, L->v_pool, kd->key_slots, kd->mask, NULL,
                           b->attn, m, heads, kv_heads, head_dim, kd->keys, scale, threads)))

@@ -3,8 +3,8 @@ the same kernels as the Python layers, in the same order, so the same bits, with
 ~0.25 ms of Python and torch between them a layer (a fifth of a batch-1 step).
 
 `FusedDecode.run` returns None for any step it does not take — not a pure decode step,
-a kernel missing, weights without int8 tiles, prefix-cache window writes, batch-invariant
-row blocks — and the model then runs its layers one by one.
+a kernel missing, weights without int8 tiles, batch-invariant row blocks — and the model
+then runs its layers one by one.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ class _Q8W(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = ([(name, _Q8W) for name in ("qkv", "o", "gate_up", "down")]
                 + [(name, _P) for name in ("attn_norm", "q_norm", "k_norm", "post_attn_norm",
-                                           "ffn_norm", "post_ffn_norm", "k_pool", "v_pool")]
+                                           "ffn_norm", "post_ffn_norm", "k_pool", "v_pool",
+                                           "kw_pool", "vw_pool")]
                 + [("kind", _I)])
 
 
 class _Kind(ctypes.Structure):
     _fields_ = [("write_slots", _P), ("key_slots", _P), ("mask", _P), ("keys", _I),
-                ("cos", _P), ("sin", _P)]
+                ("cos", _P), ("sin", _P), ("page_rows", _P), ("page_slots", _P),
+                ("num_page_writes", _I)]
 
 
 _BUFS = ("h", "qkv", "q", "k", "attn", "o", "gu", "act", "down")
@@ -107,9 +109,17 @@ class FusedDecode:
                 if p is None or p.dtype != torch.float32 or not p.is_contiguous():
                     return False
                 norms[n] = p.data_ptr()
+            pages = backend.cache.window_pages if not full else None
+            kw = vw = None
+            if pages is not None:
+                kw, vw = pages.k[dense], pages.v[dense]
+                if not (kw.is_contiguous() and vw.is_contiguous()):
+                    return False
             arr[i] = _Layer(**weights, **norms, k_pool=k_pool.data_ptr(),
-                            v_pool=v_pool.data_ptr(), kind=int(full))
-            self._keep += [k_pool, v_pool]
+                            v_pool=v_pool.data_ptr(),
+                            kw_pool=None if kw is None else kw.data_ptr(),
+                            vw_pool=None if vw is None else vw.data_ptr(), kind=int(full))
+            self._keep += [k_pool, v_pool, kw, vw]
         self._layers = arr
         return True
 
@@ -129,7 +139,7 @@ class FusedDecode:
         layer; None when this step is not one it takes (nothing was written then)."""
         if not self.ok or x.dtype != torch.bfloat16 or x.device.type != "cpu":
             return None
-        if ctx.row_block is not None or ctx.window_write is not None or len(ctx.groups) != 1:
+        if ctx.row_block is not None or len(ctx.groups) != 1:
             return None
         g = ctx.groups[0]
         m = x.shape[0]
@@ -143,6 +153,10 @@ class FusedDecode:
             return None
         kinds = (_Kind * 2)()
         keep = []
+        page_rows = page_slots = None
+        if ctx.window_write is not None:
+            page_rows, page_slots = (t.contiguous() for t in ctx.window_write)
+            keep += [page_rows, page_slots]
         for kind, (view, write, sliding) in enumerate(((g.sliding, ctx.ring_slots, True),
                                                       (g.full, ctx.full_slots, False))):
             if view is None:
@@ -160,9 +174,13 @@ class FusedDecode:
                 mask = view.mask.reshape(m, keys).contiguous().view(torch.uint8)
             write = write.contiguous()
             keep += [slots, mask, write]
+            pages = sliding and page_rows is not None
             kinds[kind] = _Kind(write.data_ptr(), slots.data_ptr(),
                                 0 if mask is None else mask.data_ptr(), keys,
-                                cos.data_ptr(), sin.data_ptr())
+                                cos.data_ptr(), sin.data_ptr(),
+                                page_rows.data_ptr() if pages else 0,
+                                page_slots.data_ptr() if pages else 0,
+                                page_rows.numel() if pages else 0)
         fns = _Fns(_address(kernel), *self._common)
         rc = _entry()(ctypes.byref(fns), self._layers, self.num_layers, kinds, x.data_ptr(),
                       ctypes.byref(self._buffers(m)), m, self.hidden, self.heads,

@@ -103,6 +103,7 @@ class CausalLM(nn.Module):
         def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
             return w is not None and p is not None and w.shape == tuple(p.shape)
 
+        self._fused = None  # it holds the weights' addresses: rebuilt on the next step
         head = q8.get("lm_head")
         if fits(head, self.embed if self.lm_head is None else self.lm_head):
             self.lm_head_q8 = head

@@ -82,6 +82,25 @@ def tiny_engine(path, **kw):
     return Engine(model=path, **kw)
 
 
+def int8_copy(w: torch.Tensor):
+    """w as int8 with a float scale per 32 inputs (Q8_0's rule), in tile order."""
+    from swaserve.kernels import q8
+
+    blocks = w.float().view(w.shape[0], -1, 32)
+    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / 127
+    q = (blocks / scales[:, :, None]).round().clamp(-127, 127).to(torch.int8)
+    return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
+
+
+def use_int8_copies(eng) -> None:
+    """Give a bf16 engine's model int8 copies of its layer weights and LM head, as a GGUF's
+    quantized tensors would (the tiny checkpoints are safetensors)."""
+    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed),
+                      **{f"{i}.{name}": int8_copy(getattr(layer, name))
+                         for i, layer in enumerate(eng.model.layers)
+                         for name in ("qkv", "o", "gate_up", "down")}})
+
+
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()

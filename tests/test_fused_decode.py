@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_WINDOW as W
-from conftest import random_prompt, tiny_engine
+from conftest import int8_copy, random_prompt, tiny_engine, use_int8_copies
 
 from swaserve.kernels import decode, q8
 from swaserve.sampling.params import SamplingParams
@@ -15,20 +15,9 @@ pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
                                 reason="no int8 tile kernel here")
 
 
-def int8_copy(w: torch.Tensor) -> q8.Q8Weight:
-    """w as int8 with a float scale per 32 inputs (Q8_0's rule), in tile order."""
-    blocks = w.float().view(w.shape[0], -1, 32)
-    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / 127
-    q = (blocks / scales[:, :, None]).round().clamp(-127, 127).to(torch.int8)
-    return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
-
-
 def bf16_engine_with_int8_weights(path, **kw):
     eng = tiny_engine(path, dtype="bfloat16", prefix_cache=False, **kw)
-    weights = {f"{i}.{name}": int8_copy(getattr(layer, name))
-               for i, layer in enumerate(eng.model.layers)
-               for name in ("qkv", "o", "gate_up", "down")}
-    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed), **weights})
+    use_int8_copies(eng)
     return eng
 
 
@@ -100,9 +89,7 @@ def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybri
     for on in (True, False):
         eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=True,
                           max_running_requests=2)
-        eng.model.use_q8({f"{i}.{n}": int8_copy(getattr(layer, n))
-                          for i, layer in enumerate(eng.model.layers)
-                          for n in ("qkv", "o", "gate_up", "down")})
+        use_int8_copies(eng)
         eng.model.fused_decode = on
         eng.logits_log = []
         params = SamplingParams(temperature=0, max_tokens=3 * W, ignore_eos=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_WINDOW as W
-from conftest import random_prompt
+from conftest import random_prompt, use_int8_copies
 from conftest import tiny_engine as engine
 
 from swaserve import SamplingParams
@@ -175,4 +175,27 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
     ref = run(engine(path, prefix_cache=False, dtype="bfloat16"), [other], 3 * W)[0]
     assert hit[1] == 4 * W and any(calls), "no hit, or the kernel was not used"
     assert hit[0] == ref[0]
+    assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))
+
+
+def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid):
+    """With int8 weights, steps with prompt rows multiply on one kernel whatever their row
+    count (ForwardContext.q8_kernel), though pure decode steps of few rows take another:
+    a hit's 4-row tail gives the bits of the cold run's 12-row chunk holding those rows."""
+    from swaserve.kernels import q8
+
+    if not (q8.amx_available() and q8.vnni_available()):
+        pytest.skip("needs both int8 tile kernels")
+    path, _ = tiny_hybrid
+    base = random_prompt(5 * W + 3, seed=80)
+    other = base[:4 * W] + random_prompt(4, seed=81)
+    runs = []
+    for cache in (True, False):
+        eng = engine(path, dtype="bfloat16", prefix_cache=cache, chunk_size=12)
+        use_int8_copies(eng)
+        if cache:
+            run(eng, [base], 3 * W)
+        runs.append(run(eng, [other], 3 * W)[0])
+    hit, ref = runs
+    assert hit[1] == 4 * W and hit[0] == ref[0]
     assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))

@@ -136,7 +136,8 @@ class ModelRunner:
                 logit_rows.append(offset - 1)
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
                              self._t(logit_rows), window_write,
-                             INVARIANT_ROW_BLOCK if self.batch_invariant else None)
+                             INVARIANT_ROW_BLOCK if self.batch_invariant else None,
+                             "amx" if prefills else None)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, fill)
 
@@ -167,7 +168,7 @@ class ModelRunner:
             first = row_ids[0] if row_ids == list(range(row_ids[0], row_ids[0] + b)) else None
             sliding = KeyView(fresh=False, causal=False, key_slots=slots,
                               mask=mask.view(b, 1, 1, width), ring_rows=rows, first_row=first)
-        group = AttnGroup(0, b, 1, full, sliding)
+        group = AttnGroup(0, b, 1, full, sliding, decode=True)
         for view in (full, sliding):
             if view is not None:
                 view.check(1)

@@ -143,13 +143,10 @@ class FusedDecode:
             return None
         g = ctx.groups[0]
         m = x.shape[0]
-        if g.num_queries != 1 or g.batch != m or not x.is_contiguous():
+        if not g.decode or g.batch != m or not x.is_contiguous():
             return None
-        if m <= q8.VNNI_ROWS and q8.vnni_available():
-            kernel = q8._vnni()
-        elif m <= q8.AMX_ROWS and q8.amx_available():
-            kernel = q8._amx()
-        else:
+        kernel = {"vnni": q8._vnni, "amx": q8._amx}.get(q8.tile_kernel(m, ctx.q8_kernel))
+        if kernel is None:
             return None
         kinds = (_Kind * 2)()
         keep = []
@@ -181,7 +178,7 @@ class FusedDecode:
                                 page_rows.data_ptr() if pages else 0,
                                 page_slots.data_ptr() if pages else 0,
                                 page_rows.numel() if pages else 0)
-        fns = _Fns(_address(kernel), *self._common)
+        fns = _Fns(_address(kernel()), *self._common)
         rc = _entry()(ctypes.byref(fns), self._layers, self.num_layers, kinds, x.data_ptr(),
                       ctypes.byref(self._buffers(m)), m, self.hidden, self.heads,
                       self.kv_heads, self.head_dim, self.eps, scale, torch.get_num_threads())

@@ -35,7 +35,8 @@ BLOCK = 32
 MAX_ROWS = 8  # rows of activations one q8_matvec call takes (q8.c)
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
 AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
-VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step (it takes 8)
+VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
+VNNI_MAX_ROWS = 8  # rows one q8_vnni call takes (q8.c)
 TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
@@ -88,6 +89,17 @@ def vnni_available() -> bool:
     if _vnni_ok is None:
         _vnni_ok = _works(_vnni())
     return _vnni_ok
+
+
+def tile_kernel(m: int, kernel: str | None = None, best_only: bool = True) -> str | None:
+    """The tile kernel for m rows: `kernel` ("vnni" or "amx") if it is here and takes them;
+    without one, q8_vnni up to VNNI_ROWS, q8_amx up to AMX_ROWS (any m with `best_only`
+    off). None when none does."""
+    vnni = m <= (VNNI_MAX_ROWS if kernel else VNNI_ROWS) and vnni_available()
+    amx = (m <= AMX_ROWS or not best_only) and amx_available()
+    if kernel is not None:
+        return kernel if {"vnni": vnni, "amx": amx}[kernel] else None
+    return "vnni" if vnni else "amx" if amx else None
 
 
 class Q8Weight:
@@ -245,12 +257,11 @@ class Q8Weight:
             w = w - offsets[:, :, None]
         return w.view(n, k)
 
-    def takes(self, x: torch.Tensor) -> bool:
-        """Whether `matmul` runs x here at least as fast as the bf16 copy would."""
+    def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
+        """Whether `matmul` runs x here at least as fast as the bf16 copy would (with
+        `kernel`, "vnni" or "amx": whether that kernel takes x)."""
         if self.tiled:
-            m = x.shape[0]
-            return x.dtype == torch.bfloat16 and (
-                (m <= VNNI_ROWS and vnni_available()) or (m <= AMX_ROWS and amx_available()))
+            return x.dtype == torch.bfloat16 and tile_kernel(x.shape[0], kernel) is not None
         return x.shape[0] <= FAST_ROWS and self.plain
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None,
@@ -272,9 +283,8 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            if kernel is None:
-                kernel = "vnni" if x.shape[0] <= VNNI_ROWS and vnni_available() else "amx"
-            fn = {"vnni": _vnni, "amx": _amx}[kernel]()
+            kernel = tile_kernel(x.shape[0], kernel, best_only=False)
+            fn = {"vnni": _vnni, "amx": _amx, None: lambda: None}[kernel]()
             return self._run_tiles(fn, x, out if out is not None else torch.empty(shape, dtype=dtype))
         sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)
         y = self._run_matvec(x, sums)

@@ -46,6 +46,7 @@ class AttnGroup:
     num_queries: int  # queries per sequence
     full: KeyView | None
     sliding: KeyView | None
+    decode: bool = False  # decode rows (one new token each), not a prompt's
 
     @property
     def end(self) -> int:
@@ -64,3 +65,7 @@ class ForwardContext:
     window_write: tuple[torch.Tensor, torch.Tensor] | None = None
     # batch-invariant mode: matmuls in blocks of at most this many rows (layers.linear)
     row_block: int | None = None
+    # the int8 kernel (Q8Weight.matmul): None picks by row count (pure decode steps);
+    # "amx" for steps with prompt rows, so that a prompt's rows multiply the same way in
+    # any chunk (a prefix hit recomputes a short tail of what a cold run did in one chunk)
+    q8_kernel: str | None = None

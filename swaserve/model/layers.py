@@ -108,16 +108,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
-           q8: Q8Weight | None = None) -> torch.Tensor:
+           q8: Q8Weight | None = None, kernel: str | None = None) -> torch.Tensor:
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
     than a one-row matmul (the batch-1 decode path). With `row_block` (batch-invariant
     mode), rows are multiplied in blocks of at most that many (see `rows_in_blocks`), and
     a block of one row as two: matrix-vector, which the BLAS also picks for a one-row
     matmul, rounds some rows differently from the same row in a block (3 in 2,000 at
     [128, 32] in bf16). `q8`, the same weight as exact int8 blocks, takes the batches its
-    kernel runs faster (half the bytes to read)."""
-    if q8 is not None and q8.takes(x):
-        y = q8.matmul(x, dtype=x.dtype)
+    kernel (`kernel`, or the fastest for the rows) runs faster (half the bytes to read)."""
+    if q8 is not None and q8.takes(x, kernel):
+        y = q8.matmul(x, dtype=x.dtype, kernel=kernel)
         if y is not None:
             return y
     if row_block is not None:

@@ -56,6 +56,11 @@ class DecoderLayerBase(nn.Module):
             q, k = rms_norm(q, q_norm, self.eps), rms_norm(k, k_norm, self.eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
+    def project(self, x: torch.Tensor, name: str, ctx: ForwardContext) -> torch.Tensor:
+        """x @ self.<name>.T (`linear`), through the weight's int8 copy where it has one, as
+        the step says (ctx.row_block, ctx.q8_kernel)."""
+        return linear(x, getattr(self, name), ctx.row_block, self.q8.get(name), ctx.q8_kernel)
+
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, (H + 2 KVH) * D] -> q [T, H, D], k and v [T, KVH, D]."""
         t = qkv.shape[0]
@@ -151,8 +156,9 @@ class CausalLM(nn.Module):
                 x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
         logits = None
-        if self.lm_head_q8 is not None and self.lm_head_q8.takes(x):
-            logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]))
+        if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
+            logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
+                                            kernel=ctx.q8_kernel)
         if logits is None:
             logits = linear(x, self.embed if self.lm_head is None else self.lm_head,
                             ctx.row_block)

@@ -10,7 +10,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import add_rms_norm, gelu_tanh_mul, linear, rms_norm
+from swaserve.model.layers import add_rms_norm, gelu_tanh_mul, rms_norm
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -59,13 +59,11 @@ class Gemma3Layer(DecoderLayerBase):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, ctx.row_block,
-                     self.q8.get("qkv"))
+        qkv = self.project(rms_norm(x, self.attn_norm, self.eps), "qkv", ctx)
         q, k, v = self.heads(qkv, rope, self.q_norm, self.k_norm)
-        o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
+        o = self.project(attn(self.index, q, k, v, ctx, scale), "o", ctx)
         x, h = add_rms_norm(x, o, self.post_attn_norm, self.ffn_norm, self.eps)
-        h = gelu_tanh_mul(linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")))
-        h = linear(h, self.down, ctx.row_block, self.q8.get("down"))
+        h = self.project(gelu_tanh_mul(self.project(h, "gate_up", ctx)), "down", ctx)
         return add_rms_norm(x, h, self.post_ffn_norm, None, self.eps)[0]
 
 

@@ -92,7 +92,7 @@ class GptOssLayer(DecoderLayerBase):
         q, k, v = self.heads(linear(rms_norm(x, self.attn_norm, self.eps), self.qkv,
                                     ctx.row_block) + self.qkv_bias, rope)
         o = attn(self.index, q, k, v, ctx, scale, sinks=self.sinks)
-        x = x + linear(o, self.o, ctx.row_block, self.q8.get("o")) + self.o_bias
+        x = x + self.project(o, "o", ctx) + self.o_bias
         return x + self.moe(rms_norm(x, self.ffn_norm, self.eps), ctx.row_block)
 
 

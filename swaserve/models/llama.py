@@ -15,7 +15,7 @@ from torch import nn
 from swaserve.model.attention import AttentionBackend
 from swaserve.model.config import ModelConfig
 from swaserve.model.context import ForwardContext
-from swaserve.model.layers import add_rms_norm, linear, rms_norm
+from swaserve.model.layers import add_rms_norm, rms_norm
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.loading import WeightMap
 
@@ -34,15 +34,14 @@ class DecoderLayer(DecoderLayerBase):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.qkv, ctx.row_block,
-                     self.q8.get("qkv"))
+        qkv = self.project(rms_norm(x, self.attn_norm, self.eps), "qkv", ctx)
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         q, k, v = self.heads(qkv, rope, self.q_norm, self.k_norm)
-        o = linear(attn(self.index, q, k, v, ctx, scale), self.o, ctx.row_block, self.q8.get("o"))
+        o = self.project(attn(self.index, q, k, v, ctx, scale), "o", ctx)
         x, h = add_rms_norm(x, o, None, self.ffn_norm, self.eps)
-        gate, up = linear(h, self.gate_up, ctx.row_block, self.q8.get("gate_up")).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down, ctx.row_block, self.q8.get("down"))
+        gate, up = self.project(h, "gate_up", ctx).chunk(2, dim=-1)
+        return x + self.project(F.silu(gate) * up, "down", ctx)
 
 
 def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:

@@ -95,6 +95,12 @@ def test_tiles_hold_the_same_weight():
         q8.Q8Weight.stack([t, w])
 
 
+def k_quant_case(kind: str, m: int) -> tuple[q8.Q8Weight, torch.Tensor]:
+    """A tiled [48, 1024] K-quant weight and m rows of bf16 activations."""
+    w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
+    return w, torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+
+
 amx = pytest.mark.skipif(not q8.amx_available(), reason="no AMX (or no compiler) here")
 
 
@@ -120,8 +126,7 @@ def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m", [1, 19, 32])
 def test_amx_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
-    w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
-    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    w, x = k_quant_case(kind, m)
     y = w.matmul(x, kernel="amx")
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
     assert (y.double() - ref).abs().max().item() < 1e-6 * 32 * ref.abs().max().item()
@@ -200,8 +205,7 @@ def test_vnni_product_is_the_exact_weight_product(m, n, k):
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m", [1, 4, 8])
 def test_vnni_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
-    w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
-    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    w, x = k_quant_case(kind, m)
     assert_int16_product(w.matmul(x, kernel="vnni"), x, w)
 
 

@@ -5,17 +5,17 @@
 The offline API calls `step` in a loop; the server runs it in its own thread and talks to
 it through queues.
 
-Overlap scheduling (on by default on a GPU, off on a CPU): the forward and sampling of a step run on a worker
-thread (torch releases the GIL in its kernels) while the engine thread schedules and
-prepares the next step and postprocesses the previous one (stop checks, detokenization,
-streaming). The next step's decode tokens are the in-flight step's sampled tokens, copied
-on the device right before its forward. A step is chain-safe, and the next one is launched
-before its tokens are read, only when no row that continues needs its token on the host:
-grammar rows (their next mask depends on it), stop strings (which may cut the request),
-penalties (they count it) and a prompt whose n > 1 siblings fork from it. Otherwise the
-step is read back first. A request that stops while the next step already computes it
-loses that extra token, and its memory is freed once the step is done. Outputs are the
-same with and without overlap.
+Overlap scheduling (on by default on a GPU, off on a CPU): the forward and sampling of a
+step run on a worker thread (torch releases the GIL in its kernels) while the engine thread
+schedules and prepares the next step and postprocesses the previous one (stop checks,
+detokenization, streaming). The next step's decode tokens are the in-flight step's sampled
+tokens, copied on the device right before its forward. A step is chain-safe, and the next
+one is launched before its tokens are read, only when no row that continues needs its token
+on the host: grammar rows (their next mask depends on it), stop strings (which may cut the
+request), penalties (they count it) and a prompt whose n > 1 siblings fork from it.
+Otherwise the step is read back first. A request that stops while the next step already
+computes it loses that extra token, and its memory is freed once the step is done. Outputs
+are the same with and without overlap.
 """
 
 from __future__ import annotations

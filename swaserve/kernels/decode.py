@@ -149,7 +149,7 @@ class FusedDecode:
         if kernel is None:
             return None
         kinds = (_Kind * 2)()
-        keep = []
+        keep = []  # the tensors whose addresses `kinds` holds, alive through the call
         page_rows = page_slots = None
         if ctx.window_write is not None:
             page_rows, page_slots = (t.contiguous() for t in ctx.window_write)

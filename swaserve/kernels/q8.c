@@ -5,7 +5,7 @@
  * once, as 1 byte plus its share of the scales, for every activation row of the call:
  * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to MAX_ROWS rows;
  * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, up to
- *   VNNI_ROWS rows (the exact weights);
+ *   VNNI_MAX_ROWS rows (the exact weights);
  * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows.
  * Threads split the output features. Built at run time on the machine that runs it
  * (-O3 -march=native), so the loops vectorise with that machine's instructions.
@@ -15,6 +15,11 @@
 
 #define BLOCK 32
 #define MAX_ROWS 8
+
+/* flags of the tile kernels (q8_vnni, q8_amx) */
+#define HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
+#define F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
+#define BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
 
 /* Threads: OpenMP, the runtime torch's CPU build uses, so the kernels run on torch's own
  * worker threads (compiled with -fopenmp, this library links the libgomp torch has
@@ -134,7 +139,7 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
 
 #include "simd.h"
 
-#define VNNI_ROWS 8
+#define VNNI_MAX_ROWS 8
 
 typedef struct {
     const int16_t *xq;   /* [m, k] */
@@ -157,12 +162,12 @@ static inline __m512 vnni_scales(const void *ps, int i, int f16) {
 static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
                                                              const int M, const int A) {
     const int64_t nkb = j->k / 32;
-    const int halves = j->flags & 1, f16 = j->flags & 2, groups = halves ? 2 : 1;
+    const int halves = j->flags & HALVES, f16 = j->flags & F16_SCALES, groups = halves ? 2 : 1;
     const int64_t per = halves ? 32 : 16, ngroups = nkb * groups;
     const int8_t *pq = j->pq + cb * nkb * 512;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
-    __m512 f[VNNI_ROWS];
+    __m512 f[VNNI_MAX_ROWS];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
         const int8_t *blk = pq + kb * 512;
@@ -171,7 +176,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
         for (int l = 0; l < 8; l++) _mm_prefetch((const char *)blk + 4096 + l * 64, _MM_HINT_T0);
         for (int h = 0; h < groups; h++) {
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
-            __m512i acc[VNNI_ROWS * A];
+            __m512i acc[VNNI_MAX_ROWS * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
             for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
                 for (int a = 0; a < A; a++) {
@@ -199,7 +204,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
         }
     }
     for (int i = 0; i < M; i++) {
-        if (j->flags & 4)
+        if (j->flags & BF16_OUT)
             _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + i * j->n + cb * 16),
                                 to_bf16(f[i]));
         else
@@ -259,12 +264,12 @@ static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, in
         }
 }
 
-/* 0 on success; -1 for shapes it does not take (m > VNNI_ROWS, n % 16, k % 32) */
+/* 0 on success; -1 for shapes it does not take (m > VNNI_MAX_ROWS, n % 16, k % 32) */
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
             void *y, int64_t m, int64_t n, int64_t k, int threads) {
-    if (m < 1 || m > VNNI_ROWS || n % 16 || k % BLOCK || threads < 1) return -1;
+    if (m < 1 || m > VNNI_MAX_ROWS || n % 16 || k % BLOCK || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    const int64_t nkb = k / 32, group = flags & 1 ? 16 : 32;
+    const int64_t nkb = k / 32, group = flags & HALVES ? 16 : 32;
     int16_t *xq = aligned_alloc(64, (size_t)(m * k * 2 + 63) / 64 * 64);
     float *xs = malloc((size_t)(m * nkb * 3 + 1) * sizeof(float));
     if (!xq || !xs) { free(xq); free(xs); return -1; }
@@ -330,9 +335,6 @@ typedef struct {
 /* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1,
  * each value = q * scale - offset with the scale (and offset) of its output and of its
  * 16 (halves) or 32 inputs; q * scale is exact in float32 for every GGUF format taken */
-#define HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
-#define F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
-#define BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
 #define STREAM_OUTPUTS (1 << 20) /* outputs from which y is written around the cache */
 
 static inline __m512 load_scales(const void *ps, int i, int flags) {

@@ -284,8 +284,9 @@ class Q8Weight:
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
             kernel = tile_kernel(x.shape[0], kernel, best_only=False)
-            fn = {"vnni": _vnni, "amx": _amx, None: lambda: None}[kernel]()
-            return self._run_tiles(fn, x, out if out is not None else torch.empty(shape, dtype=dtype))
+            fn = _vnni() if kernel == "vnni" else _amx() if kernel == "amx" else None
+            y = out if out is not None else torch.empty(shape, dtype=dtype)
+            return self._run_tiles(fn, x, y)
         sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)
         y = self._run_matvec(x, sums)
         if y is None or out is y:

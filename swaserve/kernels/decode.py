@@ -97,11 +97,9 @@ class FusedDecode:
             weights = {}
             for n in names:
                 w = layer.q8[n]
-                flags = ((w.group == 16) * q8._HALVES
-                         | (w.scales.dtype == torch.float16) * q8._F16_SCALES)
                 weights[n] = _Q8W(w.q.data_ptr(), w.scales.data_ptr(),
-                                  0 if w.offsets is None else w.offsets.data_ptr(), flags,
-                                  w.shape[0], w.shape[1])
+                                  0 if w.offsets is None else w.offsets.data_ptr(),
+                                  w.tile_flags, w.shape[0], w.shape[1])
             norms = {}
             for n in ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm",
                       "post_ffn_norm"):

@@ -293,6 +293,11 @@ class Q8Weight:
             return y
         return out.copy_(y) if out is not None else y.to(dtype)
 
+    @property
+    def tile_flags(self) -> int:
+        """The tile kernels' flags for this weight's scales (q8.c: HALVES, F16_SCALES)."""
+        return (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
+
     def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """q8_vnni or q8_amx (the same arguments) on this tiled weight"""
         if fn is None or x.dtype != torch.bfloat16:
@@ -300,8 +305,7 @@ class Q8Weight:
         x = x.contiguous()
         m, k = x.shape
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        flags = ((self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
-                 | (y.dtype == torch.bfloat16) * _BF16_OUT)
+        flags = self.tile_flags | (y.dtype == torch.bfloat16) * _BF16_OUT
         rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None

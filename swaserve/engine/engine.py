@@ -16,6 +16,11 @@ request), penalties (they count it) and a prompt whose n > 1 siblings fork from 
 Otherwise the step is read back first. A request that stops while the next step already
 computes it loses that extra token, and its memory is freed once the step is done. Outputs
 are the same with and without overlap.
+
+Faults stay with their request: a row whose sampling, grammar mask, detokenization or stop
+check raises fails that request only (FinishReason.ERROR with a RequestError); the rest of
+the batch gets exactly the tokens it would have got. A fault no request can be blamed for
+(the forward) fails the requests of that step, the pools are checked, and the engine goes on.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from swaserve.config import EngineConfig, parse_bytes
-from swaserve.engine.detokenizer import IncrementalDetokenizer
-from swaserve.engine.request import FinishReason, Request, RequestStatus
+from swaserve.engine.faults import FaultInjector
+from swaserve.engine.output import OutputProcessor
+from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner, build_model
 from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from swaserve.kernels import q8
@@ -67,6 +73,7 @@ class _Launched:
     owners: list[tuple[int, Request]]
     result: Future | tuple[SamplerOutput, float, float]
     chain_safe: bool
+    failed: dict[int, BaseException]  # owner index -> what failed for it before sampling
 
     def wait(self) -> tuple[SamplerOutput, float, float]:
         return self.result.result() if isinstance(self.result, Future) else self.result
@@ -127,14 +134,30 @@ class Engine:
                         if self.overlap else None)
         self._inflight: _Launched | None = None
         self.requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids)
         self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
         self._ids = itertools.count()
+        self._seq = itertools.count()
+        self._open: list[_Launched] = []  # launched steps not postprocessed yet
+        self._scheduling: Batch | None = None  # the batch being prepared, until launched
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
         # diagnostics: when a list, every sampled logits row is appended as
         # (request_id, position, float32 logits); tests compare them to a reference
         self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
+
+    @property
+    def faults(self) -> FaultInjector | None:
+        """A test hook (engine/faults.py): stages raise for the requests it names."""
+        return self.output.faults
+
+    @faults.setter
+    def faults(self, value: FaultInjector | None) -> None:
+        self.output.faults = value
+
+    def _check_faults(self, stage: str, reqs: list[Request]) -> None:
+        if self.output.faults is not None:
+            self.output.faults.check(stage, [r.request_id for r in reqs])
 
     def _plan(self) -> MemoryPlan:
         c = self.config
@@ -192,13 +215,12 @@ class Engine:
             seed = None if params.seed is None else (params.seed + i) % 2**64
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
                                 self.max_model_len, seed=seed,
-                                grammar=grammar.new_matcher() if grammar else None))
+                                grammar=grammar.new_matcher() if grammar else None,
+                                seq=next(self._seq)))
         self.scheduler.add(reqs[0])
         for r in reqs:
             self.requests[r.request_id] = r
-            if self.tokenizer is not None:
-                self._detok[r.request_id] = IncrementalDetokenizer(
-                    self.tokenizer, params.skip_special_tokens)
+            self.output.add(r)
         if len(reqs) > 1:
             self._forks[reqs[0].request_id] = reqs[1:]
         return reqs
@@ -208,14 +230,17 @@ class Engine:
         if req is None or req.is_finished:
             return
         for sib in self._forks.pop(request_id, []):
-            self._finish_waiting(sib, FinishReason.ABORT)
+            self.scheduler.abort(sib)
         self.scheduler.abort(req)
 
-    def _finish_waiting(self, req: Request, reason: FinishReason) -> None:
-        if req.status is RequestStatus.WAITING and req in self.scheduler.waiting:
-            self.scheduler.waiting.remove(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
+    def fail(self, req: Request, error: RequestError) -> None:
+        """End one request with an error (its n > 1 siblings that wait for it too); its
+        memory is freed and nothing else changes."""
+        if req.is_finished:
+            return
+        for sib in [req, *self._forks.pop(req.request_id, [])]:
+            sib.error = error
+            self.scheduler.abort(sib, FinishReason.ERROR)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -230,12 +255,18 @@ class Engine:
         req = self.requests.get(request_id)
         if req is not None and req.is_finished:
             del self.requests[request_id]
-            self._detok.pop(request_id, None)
+            self.output.release(request_id)
 
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Run one step; returns the requests that gained a token or finished. With overlap
-        these are the previous step's, and the next step is already computing."""
+        """Run one step; returns the requests that gained a token, finished or failed. With
+        overlap these are the previous step's, and the next step is already computing."""
+        try:
+            return self._step()
+        except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
+            return self._fail_step(e)
+
+    def _step(self) -> list[Request]:
         t0 = time.perf_counter()
         prev, self._inflight = self._inflight, None
         if prev is None:
@@ -243,19 +274,44 @@ class Engine:
             if prev is None:
                 self.last_step = None
                 return []
-        try:
-            if prev.chain_safe:
-                self._inflight = self._launch(prev)
-            out, forward_s, sample_s = prev.wait()
-        except BaseException:
-            self._inflight = None
-            raise
-        changed = self.postprocess(prev.batch, prev.owners, out)
+        if prev.chain_safe:
+            self._inflight = self._launch(prev)
+        out, forward_s, sample_s = prev.wait()
+        changed = self.postprocess(prev.batch, prev.owners, out, prev.failed)
+        self._open.remove(prev)
         if self.overlap and self._inflight is None:
             self._inflight = self._launch(None)  # computes while the caller streams these
         self.last_step = StepStats(prev.batch.num_tokens, len(prev.batch.seqs),
                                    time.perf_counter() - t0, forward_s, sample_s)
         return changed
+
+    def _fail_step(self, err: Exception) -> list[Request]:
+        """Fail the requests of the steps that were being built or computed, once nothing
+        computes any more, and check that the pools are whole again."""
+        log.error("engine step failed, failing its requests: %s", err, exc_info=err)
+        launched, self._open, self._inflight = self._open, [], None
+        for step in launched:  # nothing may still write into memory that is freed below
+            try:
+                step.wait()
+            except Exception:  # noqa: BLE001, S110 - the failure is being handled
+                pass
+        seqs = [s for step in launched for s in step.batch.seqs]
+        if self._scheduling is not None:
+            seqs += self._scheduling.seqs
+        found = [s.request for s in seqs] + [r for step in launched for _, r in step.owners]
+        if self._scheduling is None and not launched:  # it broke inside schedule()
+            found += self.scheduler.running
+        reqs = list({id(r): r for r in found}.values())
+        self._scheduling = None
+        error = RequestError(f"the engine step computing this request failed: "
+                             f"{type(err).__name__}: {err}")
+        for req in reqs:
+            req.in_flight = req.num_pending = 0
+            self.fail(req, error)
+        self.scheduler.release_deferred()
+        self.check_integrity()  # raises if the pools could not be made whole: the engine dies
+        self.last_step = None
+        return reqs
 
     def _launch(self, prev: _Launched | None) -> _Launched | None:
         """Schedule and prepare a step and hand it to the forward. `prev` is the step still
@@ -263,11 +319,12 @@ class Engine:
         batch = self.scheduler.schedule(can_retract=prev is None)
         if not batch.seqs:
             return None
+        self._scheduling = batch
         pending = None
         if prev is not None:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
-        rows, owners = self._sampler_rows(prepared.sampled)
+        rows, owners, failed = self._sampler_rows(prepared.sampled)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_tokens
             s.request.in_flight += 1
@@ -276,10 +333,12 @@ class Engine:
         chain_safe = self.overlap and not batch.blocked and all(
             self._chains(s.request) for s in prepared.sampled)
         prev_result = prev.result if prev is not None else None
+        step_reqs = [s.request for s in batch.seqs]
 
         def compute() -> tuple[SamplerOutput, float, float]:
             t1 = time.perf_counter()
             prev_tokens = prev_result.result()[0].tokens if prev_result is not None else None
+            self._check_faults("forward", step_reqs)
             logits = self.runner.forward(prepared, prev_tokens)
             t2 = time.perf_counter()
             if len(owners) != logits.shape[0]:
@@ -289,11 +348,36 @@ class Engine:
                 for (_, req), row, lg in zip(owners, rows, logits):
                     self.logits_log.append((req.request_id, row.position,
                                             lg.detach().float().cpu().clone()))
-            out = self.sampler(logits, rows)
+            out = self._sample(logits, rows, owners)
             return out, t2 - t1, time.perf_counter() - t2
 
-        result = self._worker.submit(compute) if self._worker is not None else compute()
-        return _Launched(batch, owners, result, chain_safe)
+        result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)
+        launched = _Launched(batch, owners, result, chain_safe, failed)
+        self._open.append(launched)
+        self._scheduling = None
+        return launched
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplerRow],
+                owners: list[tuple[int, Request]]) -> SamplerOutput:
+        """Sample the batch; if that raises, sample its rows one by one, so that a row's
+        fault fails its own request only (its neighbours' tokens do not change: greedy and
+        seeded rows are pure functions of their logits; unseeded ones draw fresh noise)."""
+        try:
+            self._check_faults("sampler", [r for _, r in owners])
+            return self.sampler(logits, rows)
+        except Exception as e:  # noqa: BLE001 - find the row at fault
+            log.warning("sampling a batch of %d failed (%s); sampling its rows one by one",
+                        len(rows), e)
+        parts: list[SamplerOutput | None] = []
+        failed: dict[int, BaseException] = {}
+        for j, ((_, req), row) in enumerate(zip(owners, rows)):
+            try:
+                self._check_faults("sampler", [req])
+                parts.append(self.sampler(logits[j:j + 1], [row]))
+            except Exception as e:  # noqa: BLE001 - this row's request fails alone
+                failed[j] = e
+                parts.append(None)
+        return SamplerOutput.join(parts, failed, self.device)
 
     def _chains(self, req: Request) -> bool:
         """Can the step after this one be built before this one's token is read back?"""
@@ -301,10 +385,11 @@ class Engine:
         return (req.grammar is None and not p.stop and not has_penalty(p)
                 and req.request_id not in self._forks)
 
-    def _sampler_rows(self, sampled: list[ScheduledSeq]
-                      ) -> tuple[list[SamplerRow], list[tuple[int, Request]]]:
+    def _sampler_rows(self, sampled: list[ScheduledSeq]) -> tuple[
+            list[SamplerRow], list[tuple[int, Request]], dict[int, BaseException]]:
         """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
-        prompt just completed (they share its logits row)."""
+        prompt just completed (they share its logits row); and the rows whose grammar mask
+        failed (they are sampled unmasked and their requests fail)."""
         rows, owners = [], []
         for i, s in enumerate(sampled):
             req = s.request
@@ -314,13 +399,31 @@ class Engine:
             for r in family:
                 rows.append(self._row(r, s.start + s.num_tokens - 1))
                 owners.append((i, r))
+        failed: dict[int, BaseException] = {}
         grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
         if grammar_rows:
-            biases = mask_biases([owners[j][1].grammar for j in grammar_rows], self.vocab_size,
-                                 self.device)
-            for j, bias in zip(grammar_rows, biases):
+            for j, bias in zip(grammar_rows, self._grammar_masks(owners, grammar_rows, failed)):
                 rows[j].grammar_bias = bias
-        return rows, owners
+        return rows, owners, failed
+
+    def _grammar_masks(self, owners: list[tuple[int, Request]], idx: list[int],
+                       failed: dict[int, BaseException]) -> list[torch.Tensor | None]:
+        """The grammar rows' masks in one call, or row by row if that raises."""
+        matchers = [owners[j][1].grammar for j in idx]
+        try:
+            self._check_faults("grammar", [owners[j][1] for j in idx])
+            return mask_biases(matchers, self.vocab_size, self.device)
+        except Exception as e:  # noqa: BLE001 - find the row at fault
+            log.warning("grammar masks for %d rows failed (%s); one by one", len(idx), e)
+        masks: list[torch.Tensor | None] = []
+        for j, m in zip(idx, matchers):
+            try:
+                self._check_faults("grammar", [owners[j][1]])
+                masks.append(mask_biases([m], self.vocab_size, self.device)[0])
+            except Exception as e:  # noqa: BLE001 - this row's request fails alone
+                failed[j] = e
+                masks.append(None)
+        return masks
 
     def _row(self, req: Request, position: int) -> SamplerRow:
         suppress: list[int] = []
@@ -333,12 +436,16 @@ class Engine:
                           req.output_token_ids, suppress)
 
     def postprocess(self, batch: Batch, owners: list[tuple[int, Request]],
-                    out: SamplerOutput) -> list[Request]:
+                    out: SamplerOutput, failed: dict[int, BaseException] | None = None
+                    ) -> list[Request]:
+        """Hand each sampled token to its request (engine/output.py). What raises for one
+        request (or failed for it before: `failed`, `out.failed`) fails that request only."""
         for s in batch.seqs:
             s.request.in_flight -= 1
             if s.sample:
                 s.request.num_pending -= 1
         self.scheduler.release_deferred()
+        failed = {**(failed or {}), **out.failed}
         tokens = out.tokens.tolist()  # the one host sync of the step
         lp_pos = {row: j for j, row in enumerate(out.logprob_rows)}
         chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
@@ -346,43 +453,45 @@ class Engine:
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
         # forks first: a parent that finishes on this token frees the row its siblings copy
         parent_of: dict[int, Request] = {}
-        for i, req in owners:
+        for j, (i, req) in enumerate(owners):
             if i not in parent_of:
                 parent_of[i] = req
-            else:
-                self._fork(parent_of[i], req)
+            elif j not in failed:
+                try:
+                    self._fork(parent_of[i], req)
+                except Exception as e:  # noqa: BLE001 - this sibling fails alone
+                    failed[j] = e
         changed = []
         now = time.monotonic()
         for j, ((_, req), tok) in enumerate(zip(owners, tokens)):
             if req.is_finished:  # it stopped while this step computed it: a surplus token
                 continue
-            if not req.output_token_ids and req.row is not None:
-                self.scheduler.on_prompt_done(req)
-            req.output_token_ids.append(tok)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if req.logprobs is not None and j in lp_pos:
-                k = lp_pos[j]
-                entry = {tok: chosen[k]}
-                for t, v in zip(top_ids[k][:req.params.logprobs], top_lp[k][:req.params.logprobs]):
-                    entry.setdefault(t, v)
-                req.logprobs.append(entry)
-            self._check_stop(req, tok)
-            if req.grammar is not None and not req.is_finished:
-                self._advance_grammar(req, tok)
             changed.append(req)
+            if j in failed:
+                self._fail_alone(req, failed[j])
+                continue
+            try:
+                if not req.output_token_ids and req.row is not None:
+                    self.scheduler.on_prompt_done(req)
+                entry = None
+                if chosen is not None and j in lp_pos:
+                    k, n = lp_pos[j], req.params.logprobs or 0
+                    entry = {tok: chosen[k]}
+                    if top_ids is not None:
+                        for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
+                            entry.setdefault(t, v)
+                self.output.accept(req, tok, entry, now)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._fail_alone(req, e)
         for req in batch.retracted:
             log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
         return changed
 
-    def _advance_grammar(self, req: Request, tok: int) -> None:
-        if not req.grammar.accept(tok):  # the mask allowed it, so this is an engine bug
-            log.warning("%s: grammar rejected token %d: %s", req.request_id, tok,
-                        req.grammar.error)
-            req.stop_reason = "grammar_error"
-            self.scheduler.finish(req, FinishReason.STOP)
-        elif req.grammar.is_terminated:
-            self.scheduler.finish(req, FinishReason.STOP)
+    def _fail_alone(self, req: Request, err: BaseException) -> None:
+        log.error("request %s failed: %s: %s", req.request_id, type(err).__name__, err,
+                  exc_info=err)
+        self.fail(req, RequestError(f"processing this request failed: "
+                                    f"{type(err).__name__}: {err}"))
 
     def _fork(self, parent: Request, child: Request) -> None:
         """Give an n>1 sibling the parent's prompt KV: shared full pages, copied rings."""
@@ -395,45 +504,25 @@ class Engine:
         if row is not None:
             child.row = row
             child.num_computed_tokens = parent.num_prompt_tokens
-            child.status = RequestStatus.RUNNING
-            self.scheduler.running.append(child)
+            self.scheduler.start_running(child)
         else:  # no free row or page now: it prefills on its own later (same tokens, slower)
-            self.scheduler.waiting.append(child)
-
-    def _check_stop(self, req: Request, tok: int) -> None:
-        p = req.params
-        detok = self._detok.get(req.request_id)
-        if detok is not None:
-            prev = len(detok.text)
-            detok.add(tok)
-            req.output_text = detok.text
-            if p.stop and req.num_output_tokens >= p.min_tokens:
-                longest = max(len(s) for s in p.stop)
-                start = max(0, prev - longest + 1)
-                hits = [(req.output_text.find(s, start), s) for s in p.stop]
-                hits = [(i, s) for i, s in hits if i >= 0]
-                if hits:
-                    i, s = min(hits)
-                    req.output_text = req.output_text[:i]
-                    req.stop_reason = s
-                    self.scheduler.finish(req, FinishReason.STOP)
-                    return
-        if req.num_output_tokens >= p.min_tokens:
-            if tok in self.eos_token_ids and not p.ignore_eos:
-                self.scheduler.finish(req, FinishReason.STOP)
-                return
-            if p.stop_token_ids and tok in p.stop_token_ids:
-                req.stop_reason = tok
-                self.scheduler.finish(req, FinishReason.STOP)
-                return
-        if req.num_output_tokens >= req.max_new_tokens:
-            self.scheduler.finish(req, FinishReason.LENGTH)
+            self.scheduler.enqueue(child)
 
     # -- introspection ---------------------------------------------------------------------
     def check_integrity(self) -> None:
         self.cache.check_integrity()
         for r in self.requests.values():
             r.check()
+
+
+def _run_now(compute):
+    """Run a step's compute on this thread: its result, or a Future holding its exception."""
+    try:
+        return compute()
+    except Exception as e:  # noqa: BLE001 - raised again by _Launched.wait
+        failed: Future = Future()
+        failed.set_exception(e)
+        return failed
 
 
 def _free_memory_bytes(device: torch.device) -> int:

@@ -24,6 +24,17 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"  # this request failed (its `error` says why); its neighbours go on
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why one request failed: shown to its client only (HTTP status and OpenAI error type)."""
+
+    message: str
+    type: str = "server_error"
+    status: int = 500
+    code: str | None = None
 
 
 @dataclass
@@ -45,6 +56,8 @@ class Request:
     first_token_time: float | None = None
     output_text: str = ""
     logprobs: list[dict[int, float]] | None = None
+    error: RequestError | None = None  # set with FinishReason.ERROR
+    seq: int = 0  # arrival order (the engine numbers requests): the scheduler's priority
     cache_node: object | None = None  # prefix-cache node this request locks (its prefix)
     grammar: object | None = None  # its GrammarMatcher, for structured output
     # overlap scheduling: tokens sampled on the device but not read back yet, and steps in

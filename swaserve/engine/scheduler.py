@@ -2,11 +2,19 @@
 
 Each step has a token budget (`chunk_size`). Running requests go first, oldest first, so a
 decode is never starved by a newer prompt; a continuing prefill takes what budget is left.
-Waiting requests are then admitted while a request row is free and the full pool has pages
-for the tokens they write now plus their first decode token (`needed <= free`). A running
-request already owns its row (its ring was prepaid) and is only charged for new pages.
-When the full pool runs dry the newest running request is retracted: its memory is freed
-and it is recomputed later, which gives the same greedy output.
+Waiting requests are then admitted, oldest first, while a request row is free and the full
+pool has pages for the tokens they write now plus their first decode token (`needed <=
+free`), beside an estimate of what the running requests will still write (a fraction of
+their remaining new tokens that rises to 1 after a retraction and decays back, as SGLang's
+`new_token_ratio` does), so that a request is not admitted only to be retracted at once.
+A running request already owns its row (its ring was prepaid) and is only charged for new
+pages. When the full pool runs dry the newest running request (by arrival) is retracted:
+its memory is freed and it is recomputed later, which gives the same greedy output.
+
+No request starves: both queues are kept in arrival order, so the oldest running request
+is never the victim while a newer one runs, and it always progresses; a request retracted
+MAX_RETRACTIONS times is counted at its whole remaining need when admitted and is not a
+victim again. A request that could never fit the whole pool is refused when added.
 
 With overlap scheduling a step is scheduled while the previous one still computes: a
 request that finishes (or is aborted) while a step in flight still writes its KV keeps its
@@ -15,11 +23,17 @@ memory until that step is done (`in_flight`), and no request is retracted while 
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from swaserve.engine.request import FinishReason, Request, RequestStatus
 from swaserve.memory.kv_cache import KVCache
+
+MAX_RETRACTIONS = 2  # then a request is admitted with its whole need and never retracted
+ESTIMATE_CLIP = 4096  # new tokens counted at most per request in the growth estimate
+RATIO_INIT, RATIO_MIN, RATIO_DECAY = 0.5, 0.1, 0.002  # the estimate's share, per step
 
 
 @dataclass
@@ -52,6 +66,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.new_token_ratio = RATIO_INIT
         self._deferred: list[Request] = []  # finished, memory held by a step in flight
 
     # -- queue -----------------------------------------------------------------------------
@@ -62,18 +77,29 @@ class Scheduler:
                 f"prompt: {req.num_prompt_tokens} prompt + {req.max_new_tokens} new tokens need "
                 f"{need} full-KV pages but the whole pool holds {self.cache.num_total_pages}; "
                 "raise kv_memory or lower max_tokens")
-        self.waiting.append(req)
+        self.enqueue(req)
+
+    def enqueue(self, req: Request) -> None:
+        """Put a request into the waiting queue at its arrival place."""
+        bisect.insort(self.waiting, req, key=_arrival)
+
+    def start_running(self, req: Request) -> None:
+        """A request that owns a row now (admitted, or an n > 1 sibling forked from one)."""
+        req.status = RequestStatus.RUNNING
+        bisect.insort(self.running, req, key=_arrival)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, req: Request) -> None:
-        if req.status is RequestStatus.WAITING and req in self.waiting:
-            self.waiting.remove(req)
+    def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
+        """End a request wherever it is (waiting, running, or not queued yet)."""
+        if req.status is RequestStatus.RUNNING:
+            self.finish(req, reason)
+        elif req.status is RequestStatus.WAITING:
+            if req in self.waiting:
+                self.waiting.remove(req)
             req.status = RequestStatus.FINISHED
-            req.finish_reason = FinishReason.ABORT
-        elif req.status is RequestStatus.RUNNING:
-            self.finish(req, FinishReason.ABORT)
+            req.finish_reason = reason
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         was_running = req.status is RequestStatus.RUNNING
@@ -94,7 +120,8 @@ class Scheduler:
         self._deferred = held
 
     def _release(self, req: Request) -> None:
-        if req.finish_reason is not FinishReason.ABORT:  # prompt + output: a cached prefix
+        # prompt + output is a cached prefix; an aborted or failed request's KV may be partial
+        if req.finish_reason not in (FinishReason.ABORT, FinishReason.ERROR):
             self._cache_prefix(req, req.tokens(0, min(req.num_computed_tokens,
                                                       req.num_known_tokens)))
         self._unlock(req)
@@ -129,6 +156,7 @@ class Scheduler:
         batch = Batch()
         budget = self.chunk_size
         scheduled: set[str] = set()
+        self.new_token_ratio = max(RATIO_MIN, self.new_token_ratio - RATIO_DECAY)
         for req in list(self.running):
             if budget == 0 and not self.aligned_chunks:  # aligned: decodes cost no budget
                 break
@@ -147,6 +175,9 @@ class Scheduler:
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n if n > 1 or not self.aligned_chunks else 0
+        # pages the running requests are expected to add: admission leaves them free
+        reserved = sum(self.cache.pages_needed(r.row, self._expected_tokens(r))
+                       for r in self.running if r.status is RequestStatus.RUNNING)
         while self.waiting and budget > 0 and not batch.retracted and not batch.blocked:
             req = self.waiting[0]
             if self.cache.rows.num_free == 0:
@@ -158,19 +189,23 @@ class Scheduler:
             n = self._chunk(req.num_tokens - start, budget)
             if n == 0:
                 break
-            # charge the tokens written now plus the first decode token after the prompt
-            need = self.cache.pages_needed(None, min(start + n + 1, req.max_total_tokens))
-            need -= start // self.cache.page_size
+            # charge the tokens written now plus the first decode token after the prompt,
+            # and keep room for what this request and the running ones are expected to add
+            now_tokens = min(start + n + 1, req.max_total_tokens)
+            shared = start // self.cache.page_size
+            need = self.cache.pages_needed(None, now_tokens) - shared
+            expect = self.cache.pages_needed(
+                None, max(now_tokens, self._expected_tokens(req))) - shared
             if hit is not None:
                 self.cache.prefix.lock(hit.node, +1)  # eviction must not take it from us
-            if not self.cache.can_fit(need):
+            if not self.cache.can_fit(reserved + expect):
                 if hit is not None:
                     self.cache.prefix.lock(hit.node, -1)
                 break
+            reserved += expect - need
             self.waiting.popleft()
             req.row = self.cache.alloc_row()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.start_running(req)
             if hit is not None:
                 self.cache.restore(req.row, hit)
                 req.cache_node = hit.node
@@ -201,8 +236,9 @@ class Scheduler:
                 batch.blocked = True
                 return False
             victims = [r for r in self.running if r.request_id not in scheduled and r is not req
-                       and r.status is RequestStatus.RUNNING]
-            victim = victims[-1] if victims else req
+                       and r.status is RequestStatus.RUNNING
+                       and r.num_preemptions < MAX_RETRACTIONS]
+            victim = max(victims, key=_arrival) if victims else req
             self._retract(victim)
             batch.retracted.append(victim)
             if victim is req:
@@ -218,4 +254,17 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.new_token_ratio = 1.0  # the estimate was too low: admit cautiously for a while
+        self.enqueue(req)
+
+    def _expected_tokens(self, req: Request) -> int:
+        """Tokens `req` is expected to hold by its end, for admission's estimate: all of its
+        remaining new tokens once it was retracted often, else a clipped share of them."""
+        remaining = max(0, req.max_new_tokens - req.num_generated)
+        if req.num_preemptions < MAX_RETRACTIONS:
+            remaining = math.ceil(self.new_token_ratio * min(remaining, ESTIMATE_CLIP))
+        return min(req.max_total_tokens, req.num_tokens + remaining)
+
+
+def _arrival(req: Request) -> int:
+    return req.seq

@@ -18,9 +18,10 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     logprobs: list[dict[int, float]] | None
     stop_reason: str | int | None = None
+    error: str | None = None  # why it failed (finish_reason "error"); the others are unaffected
 
 
 @dataclass
@@ -47,7 +48,8 @@ class RequestOutput:
 def completion_output(index: int, req: Request) -> CompletionOutput:
     return CompletionOutput(index, req.output_text, list(req.output_token_ids),
                             req.finish_reason.value if req.finish_reason else None,
-                            req.logprobs, req.stop_reason)
+                            req.logprobs, req.stop_reason,
+                            req.error.message if req.error is not None else None)
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -224,6 +224,24 @@ class KVCache:
             total += self.window_pages.nbytes()
         return total
 
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """(used, free) bytes of each pool: "full" (pages), "ring" (request rows' rings) and
+        "window_pages" (the prefix cache's sliding-layer pages)."""
+        out: dict[str, tuple[int, int]] = {}
+        if self.full is not None:
+            a = self.full.allocator
+            per = self.full.nbytes() // max(1, a.num_pages)
+            out["full"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
+        if self.window is not None:
+            per = self.window.nbytes() // max(1, self.rows.num_rows)
+            free = self.rows.num_free
+            out["ring"] = ((self.rows.num_rows - free) * per, free * per)
+        if self.window_pages is not None:
+            a = self.window_pages.allocator
+            per = self.window_pages.nbytes() // max(1, a.num_pages)
+            out["window_pages"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
+        return out
+
     def is_fully_free(self) -> bool:
         """No row is in use and every page still allocated belongs to the prefix cache only
         (`evict_all` then returns the pools to fully free)."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as in vLLM): logits / T overflow
 
 
 @dataclass
@@ -48,8 +50,8 @@ class SamplingParams:
 
         def number(name: str) -> float:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                bad(name, f"must be a number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, f"must be a finite number, got {v!r}")
             return float(v)
 
         def integer(name: str) -> int:
@@ -104,6 +106,8 @@ class SamplingParams:
                     bad("logit_bias", f"key {k!r} is not a token id")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
                     bad("logit_bias", f"bias for token {k} must be a number, got {v!r}")
+                if isinstance(k, float) or (isinstance(k, str) and not k.strip().isdigit()):
+                    bad("logit_bias", f"key {k!r} is not a token id")
                 if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                     bad("logit_bias", f"unknown token id {tid}"
                         + (f" (vocabulary has {vocab_size})" if vocab_size else ""))
@@ -152,4 +156,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1

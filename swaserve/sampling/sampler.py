@@ -13,7 +13,7 @@ seeded row because its noise is keyed by vocabulary id (murmur.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -136,6 +136,31 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None  # float32 [B_lp, n]
     top_ids: torch.Tensor | None  # int64 [B_lp, n]
     logprob_rows: list[int]
+    failed: dict[int, BaseException] = field(default_factory=dict)  # rows with no token
+
+    @classmethod
+    def join(cls, parts: list[SamplerOutput | None], failed: dict[int, BaseException],
+             device: torch.device) -> SamplerOutput:
+        """One output from one-row outputs, in order; a row that failed (None) gets token 0
+        and no logprobs. Top-n lists are padded to the widest (readers slice their own n)."""
+        zero = torch.zeros(1, dtype=torch.int64, device=device)
+        tokens = torch.cat([p.tokens if p is not None else zero for p in parts])
+        lp = [j for j, p in enumerate(parts) if p is not None and p.logprob_rows]
+        out = cls(tokens, None, None, None, lp, dict(failed))
+        if not lp:
+            return out
+        out.chosen_logprob = torch.cat([parts[j].chosen_logprob for j in lp])
+        width = max(parts[j].top_ids.shape[1] if parts[j].top_ids is not None else 0
+                    for j in lp)
+        if width:
+            out.top_logprobs = torch.full((len(lp), width), float("-inf"), device=device)
+            out.top_ids = torch.zeros((len(lp), width), dtype=torch.int64, device=device)
+            for k, j in enumerate(lp):
+                if parts[j].top_ids is not None:
+                    n = parts[j].top_ids.shape[1]
+                    out.top_logprobs[k, :n] = parts[j].top_logprobs[0]
+                    out.top_ids[k, :n] = parts[j].top_ids[0]
+        return out
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int],

@@ -1,0 +1,118 @@
+"""One request's fault never reaches another: a stage made to raise for one request of a
+batch of 8 fails that request only; the other 7 produce exactly the tokens they produce
+without it, and the pools end fully free. A fault of a whole step fails that step's
+requests with an error and the engine keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from swaserve.engine.engine import Engine
+from swaserve.engine.faults import FaultInjector, InjectedFault
+from swaserve.engine.request import FinishReason
+from swaserve.sampling.params import SamplingParams
+
+pytest.importorskip("llguidance")
+
+
+def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
+    """Greedy, seeded (filtered and not), penalties, logprobs, a stop string and two grammar
+    rows: rows whose tokens are pure functions of their logits."""
+    kinds = [SamplingParams(temperature=0, max_tokens=14, ignore_eos=True),
+             SamplingParams(temperature=0.8, seed=11, top_k=40, top_p=0.9, max_tokens=14),
+             SamplingParams(temperature=0, max_tokens=14, logprobs=3, ignore_eos=True),
+             SamplingParams(temperature=1.0, seed=5, max_tokens=14, frequency_penalty=0.4),
+             SamplingParams(temperature=0, max_tokens=20, regex=r"[a-z]{4,10}"),
+             SamplingParams(temperature=0.9, seed=3, max_tokens=14, min_p=0.05),
+             SamplingParams(temperature=1.0, seed=8, max_tokens=20, regex=r"[0-9]{2,6}"),
+             SamplingParams(temperature=0, max_tokens=14, stop=["zz"], ignore_eos=True)]
+    return [([3 + (i * 13 + j * 7) % (vocab - 3) for j in range(4 + 3 * i)], p)
+            for i, p in enumerate(kinds)]
+
+
+def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
+        **kw) -> tuple[Engine, list]:
+    eng = Engine(model=path, dtype="float32", kv_memory="16MiB", max_running_requests=8,
+                 page_size=4, chunk_size=64, **kw)
+    reqs = [eng.add_request(prompt, p, request_id=f"r{i}")[0]
+            for i, (prompt, p) in enumerate(batch_of_8(eng.vocab_size))]
+    steps = 0
+    while eng.has_unfinished():
+        if steps == arm_after:
+            eng.faults = faults
+        eng.step()
+        eng.check_integrity()
+        steps += 1
+        assert steps < 200
+    return eng, reqs
+
+
+@pytest.mark.parametrize("stage, victim, arm_after, overlap", [
+    ("sampler", "r1", 0, False),  # at the prompt's first token
+    ("sampler", "r5", 4, True),  # mid-decode, with the next step already in flight
+    ("detokenizer", "r2", 3, False),
+    ("detokenizer", "r0", 0, True),
+    ("grammar", "r4", 2, False),  # the mask of one of two grammar rows
+    ("grammar", "r6", 0, True),
+])
+def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_after, overlap):
+    _, clean = run(tiny_with_tokenizer, overlap=overlap)
+    faults = FaultInjector()
+    faults.arm(stage, victim)
+    eng, hurt = run(tiny_with_tokenizer, faults, arm_after, overlap=overlap)
+    for a, b in zip(clean, hurt):
+        if a.request_id == victim:
+            assert b.finish_reason is FinishReason.ERROR
+            assert f"injected {stage} fault" in b.error.message
+            assert len(b.output_token_ids) <= len(a.output_token_ids)
+        else:  # exactly what it produced beside a healthy neighbour
+            assert b.finish_reason == a.finish_reason, b.request_id
+            assert b.output_token_ids == a.output_token_ids, b.request_id
+            assert b.output_text == a.output_text
+            assert b.logprobs == a.logprobs
+    assert eng.cache.is_fully_free()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_tokenizer, overlap):
+    faults = FaultInjector()
+    faults.arm("forward", "r3")  # no request can be blamed for a forward's failure
+    eng, reqs = run(tiny_with_tokenizer, faults, arm_after=2, overlap=overlap)
+    failed = [r for r in reqs if r.finish_reason is FinishReason.ERROR]
+    assert failed and all("engine step" in r.error.message for r in failed)
+    assert any(r.request_id == "r3" for r in failed)
+    eng.check_integrity()
+    assert eng.cache.is_fully_free()
+    # the engine still serves, and exactly as a fresh one does
+    eng.faults = None
+    prompt, params = batch_of_8(eng.vocab_size)[2]
+    again = eng.add_request(prompt, params, request_id="after")[0]
+    while eng.has_unfinished():
+        eng.step()
+    _, fresh = run(tiny_with_tokenizer, overlap=overlap)
+    assert again.output_token_ids == fresh[2].output_token_ids
+    assert eng.cache.is_fully_free()
+
+
+def test_the_offline_api_reports_the_failed_request(tiny_with_tokenizer):
+    from swaserve import LLM
+
+    llm = LLM(tiny_with_tokenizer, dtype="float32", kv_memory="16MiB", max_running_requests=4)
+    faults = FaultInjector()
+    faults.arm("sampler", "req-1")
+    llm.engine.faults = faults
+    outs = llm.generate([[5, 6, 7], [8, 9, 10], [11, 12]],
+                        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "injected sampler fault" in outs[1].outputs[0].error
+    assert len(outs[0].token_ids) == len(outs[2].token_ids) == 6
+
+
+def test_fault_injector_names_its_stages():
+    with pytest.raises(ValueError, match="stage"):
+        FaultInjector().arm("tokenizer", "x")
+    f = FaultInjector()
+    f.arm("sampler", "a")
+    f.check("sampler", ["b"])
+    with pytest.raises(InjectedFault, match="a"):
+        f.check("sampler", ["b", "a"])

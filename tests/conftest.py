@@ -13,13 +13,14 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 TINY_WINDOW = 8
 
 
-def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0):
+def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0,
+                      max_positions=512):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     cfg = Gemma3TextConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=window,
-        layer_types=layer_types, max_position_embeddings=512, query_pre_attn_scalar=16,
+        layer_types=layer_types, max_position_embeddings=max_positions, query_pre_attn_scalar=16,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
         bos_token_id=2, eos_token_id=1, pad_token_id=0)
@@ -130,3 +131,60 @@ def tiny_with_tokenizer(tmp_path_factory):
     vocab = write_byte_bpe_tokenizer(path)
     write_tiny_gemma3(path, HYBRID, vocab=vocab, seed=3)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_long_context(tmp_path_factory):
+    """Like tiny_with_tokenizer with a 32k context: streams that last, prompts that take
+    a while to tokenize (the server tests)."""
+    path = tmp_path_factory.mktemp("tiny_long")
+    vocab = write_byte_bpe_tokenizer(path)
+    write_tiny_gemma3(path, HYBRID, vocab=vocab, seed=4, max_positions=32768)
+    return str(path)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*args: str, timeout: float = 300):
+    """`swaserve serve ARGS` on a free loopback port: (base URL, process), once /health
+    answers. Its stdout and stderr go to the process's pipe (read it after it exits)."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "SWASERVE_NO_PROGRESS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "swaserve", "serve", "--port", str(port),
+                             *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stdout.read())
+    proc.kill()
+    raise RuntimeError(f"the server did not answer /health within {timeout} s")
+
+
+def stop_server(proc, timeout: float = 60) -> str:
+    """SIGTERM, then its exit status must be 0; returns what it printed."""
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    return out

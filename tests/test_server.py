@@ -3,52 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
+from conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 KEY = "test-key"
 MODEL = "gemma-3-270m-q4_k_m"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*extra: str):
-    port = _free_port()
-    env = {**os.environ, "SWASERVE_NO_PROGRESS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "swaserve", "serve", "--port", str(port),
-                             "--api-key", KEY, "--max-running-requests", "40",
-                             "--max-model-len", "2048", "--max-waiting", "64", *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stdout.read())
-    return base, proc
+    return start_server("--api-key", KEY, "--max-running-requests", "40",
+                        "--max-model-len", "2048", "--max-waiting", "64", *extra)
 
 
 def _stop(proc) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +47,8 @@ def client(server):
 
 
 def _metric(base: str, name: str) -> float:
-    for line in httpx.get(base + "/metrics").text.splitlines():
+    r = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    for line in r.text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)

@@ -26,7 +26,10 @@ class Tokenizer:
         self.special_ids = {i for i, t in added.items() if t.special}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+        # the batch call releases the GIL (`encode` holds it throughout: a long prompt would
+        # stall the server's event loop and the engine thread); same ids
+        batch = getattr(self._tk, "encode_batch_fast", self._tk.encode_batch)
+        return batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tk.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -1,14 +1,21 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health,
-metrics. Every error leaves in OpenAI's shape `{"error": {message, type, param, code}}`."""
+metrics. Every error leaves in OpenAI's shape `{"error": {message, type, param, code}}`.
+
+A request is validated whole before it is queued (protocol.py, then its sampling
+parameters, then its length against the context), tokenized, rendered and compiled on
+worker threads so that the event loop keeps answering, and admitted against the waiting
+limit before any of that work. A failure of one request inside the engine reaches that
+request only: a 5xx body, or in a stream an `{"error": ...}` event and then `[DONE]`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,31 +26,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.async_engine import AsyncEngine, Delta, EngineError, Final
 from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate, ChatTemplateError
-from swaserve.server.metrics import Metrics
+from swaserve.server.errors import APIError, error_response, param_of, validation_error
+from swaserve.server.guard import Guard
+from swaserve.server.logprobs import chat_logprobs, completion_logprobs
+from swaserve.server.metrics import REJECT_REASONS, Metrics
 from swaserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("swaserve")
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
-        self.headers = headers
-
-
-def error_response(status: int, message: str, param: str | None = None,
-                   type_: str = "invalid_request_error", code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
-
-
-def _param_of(e: ValueError) -> str | None:
-    head = str(e).split(":", 1)[0]
-    return head if head.isidentifier() else None
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024**2
+_HEAD_CHARS_PER_TOKEN = 8  # a prompt's head this many characters a token long is tokenized first
+_REJECTED = {400: "invalid", 404: "not_found", 413: "too_large"}
 
 
 def _sampling_params(body, max_tokens: int | None, logprobs: int | None, engine) -> SamplingParams:
@@ -58,11 +50,11 @@ def _sampling_params(body, max_tokens: int | None, logprobs: int | None, engine)
         kw["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
     if body.logit_bias is not None:
         kw["logit_bias"] = body.logit_bias
-    if max_tokens is None:
-        max_tokens = engine.max_model_len
     kw.update(_structured_output(body))
     try:
-        p = SamplingParams(n=body.n, max_tokens=max_tokens, logprobs=logprobs, **kw)
+        # max_tokens is fitted to the prompt once it is tokenized (check_length)
+        p = SamplingParams(n=body.n, max_tokens=engine.max_model_len if max_tokens is None
+                           else max_tokens, logprobs=logprobs, **kw)
         p.validate(engine.vocab_size)
     except ValueError as e:
         raise _as_api_error(e, body) from e
@@ -71,7 +63,7 @@ def _sampling_params(body, max_tokens: int | None, logprobs: int | None, engine)
 
 def _as_api_error(e: ValueError, body) -> APIError:
     """400 naming the parameter; a schema that came in response_format is named so."""
-    msg, param = str(e), _param_of(e)
+    msg, param = str(e), param_of(e)
     if param == "json_schema" and body.response_format is not None:
         msg, param = "response_format" + msg[len("json_schema"):], "response_format"
     return APIError(400, msg, param)
@@ -108,16 +100,6 @@ def _structured_output(body) -> dict[str, Any]:
     return out
 
 
-async def _compile_grammar(engine, params: SamplingParams, body):
-    """Compile off the event loop and the engine loop; a bad grammar is a 400 here."""
-    if params.structured is None:
-        return None
-    try:
-        return await asyncio.to_thread(engine.compile_grammar, params)
-    except ValueError as e:
-        raise _as_api_error(e, body) from e
-
-
 def _usage(final: Final) -> dict:
     completion = sum(final.num_output_tokens)
     return {"prompt_tokens": final.num_prompt_tokens, "completion_tokens": completion,
@@ -125,77 +107,116 @@ def _usage(final: Final) -> dict:
             "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens}}
 
 
-def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               public_paths: frozenset[str] = frozenset()) -> FastAPI:
     engine = aengine.engine
     tok = engine.tokenizer
     metrics = Metrics()
     aengine.metrics = metrics
+    aengine.metrics.on_state(engine)
     engine.grammars.warm_up()  # the grammar token table, built before the first request
     template = None
     if tok is not None:
         template = ChatTemplate(tok.chat_template, bos_token="", eos_token="")
     end_of_turn = tok.token_to_id(GEMMA_END_OF_TURN) if tok is not None and template.builtin else None
     app = FastAPI(title="swaserve", docs_url=None, redoc_url=None)
+    max_len = engine.max_model_len
+
+    def reject(e: APIError) -> JSONResponse:
+        reason = _REJECTED.get(e.status) or (e.code if e.status == 503 else None)
+        if reason is not None and reason in REJECT_REASONS:
+            metrics.rejected.labels(reason).inc()
+        return error_response(e.status, e.message, e.param, e.type, e.code, e.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError):
-        return error_response(e.status, e.message, e.param, e.type, e.code, e.headers)
+        return reject(e)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError):
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        msg = f"{param}: {first.get('msg', 'invalid request')}" if param else "invalid request body"
-        return error_response(400, msg, param)
+        return reject(validation_error(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
         type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error_response(e.status_code, str(e.detail), None, type_)
+        return reject(APIError(e.status_code, str(e.detail), None, type_))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception):
         log.exception("internal error")
         return error_response(500, f"internal error: {type(e).__name__}", None, "server_error")
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(401, "invalid or missing API key", None,
-                                      "authentication_error", "invalid_api_key")
-        return await call_next(request)
-
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise APIError(404, f"model {name!r} does not exist (this server serves {model_name!r})",
                            "model", "not_found_error", "model_not_found")
 
-    def check_capacity() -> None:
-        if aengine.overloaded():
-            raise APIError(503, "the server is overloaded: too many waiting requests",
-                           None, "server_error", "overloaded", headers={"Retry-After": "1"})
+    def admit() -> None:
+        try:
+            aengine.admit()
+        except EngineError as e:
+            raise APIError(503, e.message, None, "server_error", e.code,
+                           headers={"Retry-After": "1"}) from e
 
-    def check_length(ids: list[int], param: str) -> None:
+    def check_length(ids: list[int], param: str, max_tokens: int | None) -> int:
+        """The request's max_tokens once its prompt is known (the rest of the context when
+        it gave none); a prompt or max_tokens the context cannot hold is a 400."""
         if not ids:
             raise APIError(400, f"{param}: must not be empty", param)
-        if len(ids) >= engine.max_model_len:
+        if len(ids) >= max_len:
             raise APIError(400, f"{param}: {len(ids)} tokens leave no room for output within "
-                           f"the context of {engine.max_model_len} tokens", param,
+                           f"the context of {max_len} tokens", param,
                            code="context_length_exceeded")
+        if max_tokens is None:
+            return max_len - len(ids)
+        if len(ids) + max_tokens > max_len:
+            raise APIError(400, f"max_tokens: {len(ids)} prompt tokens + max_tokens "
+                           f"{max_tokens} exceed the context of {max_len} tokens; ask for at "
+                           f"most {max_len - len(ids)}", "max_tokens",
+                           code="context_length_exceeded")
+        return max_tokens
 
-    def encode(prompt: str | list[int], param: str) -> list[int]:
+    def encode(prompt: str | list[int], param: str, **kw) -> list[int]:
+        """Token ids of a prompt (on a worker thread). A text is first tokenized by its head,
+        so that a huge one that cannot fit is refused without tokenizing all of it."""
+        if isinstance(prompt, str) and len(prompt) > _HEAD_CHARS_PER_TOKEN * max_len:
+            head = _tokenize(engine, prompt[:_HEAD_CHARS_PER_TOKEN * max_len], param, **kw)
+            if len(head) > max_len + 64:  # a cut changes only the last tokens
+                raise APIError(400, f"{param}: more than {max_len} tokens (its first "
+                               f"{_HEAD_CHARS_PER_TOKEN * max_len} characters alone are "
+                               f"{len(head)}); the context holds {max_len}", param,
+                               code="context_length_exceeded")
+        return _tokenize(engine, prompt, param, **kw)
+
+    async def prepare(params: SamplingParams, body, work: Callable[[], list[int]],
+                      param: str, max_tokens: int | None):
+        """Admit a request, then tokenize it, fit it to the context and compile its grammar
+        off the event loop; the admission is handed back if any of that fails."""
+        admit()
         try:
-            return engine.tokenize(prompt)
-        except ValueError as e:
-            raise APIError(400, str(e).replace("prompt:", f"{param}:", 1), param) from e
+            ids = await asyncio.to_thread(work)
+            params.max_tokens = check_length(ids, param, max_tokens)
+            if params.min_tokens > params.max_tokens:
+                raise APIError(400, f"min_tokens: must be <= max_tokens ({params.max_tokens})",
+                               "min_tokens")
+            grammar = None
+            if params.structured is not None:
+                try:
+                    grammar = await asyncio.to_thread(engine.compile_grammar, params)
+                except ValueError as e:
+                    raise _as_api_error(e, body) from e
+        except BaseException:
+            aengine.cancel_admission()
+            raise
+        return ids, grammar
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        if not aengine.alive:
+            return error_response(503, f"the engine stopped: {aengine.dead}", None,
+                                  "server_error", "engine_dead")
+        return {"status": "shutting_down" if aengine.draining else "ok"}
 
     @app.get("/metrics")
     async def get_metrics():
@@ -205,7 +226,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": int(time.time()), "owned_by": "swaserve",
-                                            "max_model_len": engine.max_model_len}]}
+                                            "max_model_len": max_len}]}
 
     # -- completions -----------------------------------------------------------------------
     @app.post("/v1/completions")
@@ -217,46 +238,35 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         prompts = body.prompt
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
-        if not prompts:
+        if not prompts or not prompts[0]:
             raise APIError(400, "prompt: must not be empty", "prompt")
         if len(prompts) != 1:
             raise APIError(400, "prompt: batches of prompts are not supported; send one per request", "prompt")
-        ids = encode(prompts[0], "prompt")
-        check_length(ids, "prompt")
         params = _sampling_params(body, body.max_tokens, body.logprobs, engine)
-        grammar = await _compile_grammar(engine, params, body)
-        check_capacity()
+        ids, grammar = await prepare(params, body, lambda: encode(prompts[0], "prompt"),
+                                     "prompt", body.max_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        gen = aengine.generate(ids, params, rid, grammar)
         created = int(time.time())
 
         def choice(d: Delta) -> dict:
             return {"index": d.index, "text": d.text, "finish_reason": d.finish_reason,
                     "stop_reason": d.stop_reason,
-                    "logprobs": (_completion_logprobs(tok, d, params.logprobs)
+                    "logprobs": (completion_logprobs(tok, d, params.logprobs)
                                  if params.logprobs is not None else None)}
 
+        def chunk(ev: Delta | Final, include_usage: bool) -> dict | None:
+            if isinstance(ev, Final):
+                return {"id": rid, "object": "text_completion", "created": created,
+                        "model": model_name, "choices": [], "usage": _usage(ev)
+                        } if include_usage else None
+            return {"id": rid, "object": "text_completion", "created": created,
+                    "model": model_name, "choices": [choice(ev)]}
+
+        gen = aengine.generate(ids, params, rid, grammar)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            first = await _first_event(gen)
-
-            async def sse():
-                try:
-                    async for ev in _chain(first, gen):
-                        if isinstance(ev, Final):
-                            if include_usage:
-                                yield _sse({"id": rid, "object": "text_completion",
-                                            "created": created, "model": model_name,
-                                            "choices": [], "usage": _usage(ev)})
-                            break
-                        yield _sse({"id": rid, "object": "text_completion", "created": created,
-                                    "model": model_name, "choices": [choice(ev)]})
-                    yield "data: [DONE]\n\n"
-                finally:  # a client that disconnects aborts its request and frees its memory
-                    await gen.aclose()
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        choices, final = await _collect(gen, params.n)
+            return await _stream(aengine, rid, gen, [], lambda ev: chunk(ev, include_usage))
+        choices, final = await _collect(aengine, rid, gen, params.n, request)
         return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
                 "choices": [choice(c) for c in choices], "usage": _usage(final)}
 
@@ -267,13 +277,6 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         if template is None:
             raise APIError(400, "messages: this model has no tokenizer, so chat is unavailable",
                            "messages")
-        try:
-            text = template.render([m.model_dump() for m in body.messages])
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), "messages") from e
-        bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
-        ids = tok.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
-        check_length(ids, "messages")
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         n_lp = (body.top_logprobs or 0) if body.logprobs else None
@@ -281,119 +284,158 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         params = _sampling_params(body, max_tokens, n_lp, engine)
         if end_of_turn is not None:
             params.stop_token_ids = list(params.stop_token_ids or []) + [end_of_turn]
-        grammar = await _compile_grammar(engine, params, body)
-        check_capacity()
+        messages = [m.model_dump() for m in body.messages]
+
+        def render() -> list[int]:
+            try:
+                text = template.render(messages)
+            except ChatTemplateError as e:
+                raise APIError(400, str(e), "messages") from e
+            bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
+            return encode(text, "messages",
+                          add_special_tokens=not (bos and text.startswith(bos)))
+
+        ids, grammar = await prepare(params, body, render, "messages", max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = aengine.generate(ids, params, rid, grammar)
         created = int(time.time())
 
         def lp(d: Delta) -> dict | None:
-            return _chat_logprobs(tok, d, body.top_logprobs or 0) if body.logprobs else None
+            return chat_logprobs(tok, d, body.top_logprobs or 0) if body.logprobs else None
 
+        def head(i: int) -> dict:
+            return {"id": rid, "object": "chat.completion.chunk", "created": created,
+                    "model": model_name, "choices": [{"index": i, "delta": {
+                        "role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}]}
+
+        def chunk(ev: Delta | Final, include_usage: bool) -> dict | None:
+            if isinstance(ev, Final):
+                return {"id": rid, "object": "chat.completion.chunk", "created": created,
+                        "model": model_name, "choices": [], "usage": _usage(ev)
+                        } if include_usage else None
+            delta = {"content": ev.text} if ev.text or not ev.finish_reason else {}
+            return {"id": rid, "object": "chat.completion.chunk", "created": created,
+                    "model": model_name, "choices": [{
+                        "index": ev.index, "delta": delta, "logprobs": lp(ev),
+                        "finish_reason": ev.finish_reason}]}
+
+        gen = aengine.generate(ids, params, rid, grammar)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            first = await _first_event(gen)
-
-            async def sse():
-                try:
-                    async for chunk in chat_chunks():
-                        yield chunk
-                finally:  # a client that disconnects aborts its request and frees its memory
-                    await gen.aclose()
-
-            async def chat_chunks():
-                for i in range(params.n):
-                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                "model": model_name, "choices": [{"index": i, "delta": {
-                                    "role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None}]})
-                async for ev in _chain(first, gen):
-                    if isinstance(ev, Final):
-                        if include_usage:
-                            yield _sse({"id": rid, "object": "chat.completion.chunk",
-                                        "created": created, "model": model_name, "choices": [],
-                                        "usage": _usage(ev)})
-                        break
-                    delta = {"content": ev.text} if ev.text or not ev.finish_reason else {}
-                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                "model": model_name, "choices": [{
-                                    "index": ev.index, "delta": delta, "logprobs": lp(ev),
-                                    "finish_reason": ev.finish_reason}]})
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        choices, final = await _collect(gen, params.n)
+            return await _stream(aengine, rid, gen, [head(i) for i in range(params.n)],
+                                 lambda ev: chunk(ev, include_usage))
+        choices, final = await _collect(aengine, rid, gen, params.n, request)
         return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                              "logprobs": lp(c), "finish_reason": c.finish_reason,
                              "stop_reason": c.stop_reason} for c in choices],
                 "usage": _usage(final)}
 
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
+                       public_paths=public_paths,
+                       on_reject=lambda reason: metrics.rejected.labels(reason).inc())
     return app
+
+
+def _tokenize(engine, prompt: str | list[int], param: str, **kw) -> list[int]:
+    try:
+        if isinstance(prompt, str) and kw:
+            return engine.tokenizer.encode(prompt, **kw)
+        return engine.tokenize(prompt)
+    except ValueError as e:
+        raise APIError(400, str(e).replace("prompt:", f"{param}:", 1), param) from e
 
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _first_event(gen):
-    """Wait for the first event so that errors raised at admission become HTTP errors."""
+def _api_error(e: EngineError) -> APIError:
+    return APIError(e.status, e.message, e.param, e.type, e.code)
+
+
+async def _first_event(aengine: AsyncEngine, rid: str, gen: AsyncIterator):
+    """Wait for the first event, so that errors raised at admission become HTTP errors. A
+    handler that gives up here (its client left) aborts the request."""
     try:
         return await gen.__anext__()
-    except ValueError as e:
-        raise APIError(400, str(e), _param_of(e)) from e
     except EngineError as e:
-        raise APIError(503, str(e), None, "server_error") from e
+        raise _api_error(e) from e
+    except BaseException:
+        aengine.abort(rid)
+        raise
 
 
-async def _chain(first, gen):
-    yield first
+async def _stream(aengine: AsyncEngine, rid: str, gen: AsyncIterator, head: list[dict],
+                  chunk: Callable[[Delta | Final], dict | None]) -> StreamingResponse:
+    first = await _first_event(aengine, rid, gen)
+
+    async def sse():
+        try:
+            for obj in head:
+                yield _sse(obj)
+            ev = first
+            while True:
+                obj = chunk(ev)
+                if obj is not None:
+                    yield _sse(obj)
+                if isinstance(ev, Final):
+                    break
+                try:
+                    ev = await gen.__anext__()
+                except StopAsyncIteration:
+                    break
+                except EngineError as e:  # the request failed: say so, never just stop
+                    log.warning("stream %s failed: %s", rid, e.message)
+                    yield _sse(_api_error(e).body())
+                    break
+            yield "data: [DONE]\n\n"
+        finally:  # a client that disconnects aborts its request and frees its memory
+            await gen.aclose()
+
+    return StreamingResponse(sse(), media_type="text/event-stream")
+
+
+async def _collect(aengine: AsyncEngine, rid: str, gen: AsyncIterator, n: int,
+                   request: Request) -> tuple[list[Delta], Final]:
+    """The whole output of a non-streaming request; aborted if its client goes away."""
+
+    async def gather() -> tuple[list[Delta], Final]:
+        merged = [Delta(i, "", [], []) for i in range(n)]
+        ev = await _first_event(aengine, rid, gen)
+        try:
+            while not isinstance(ev, Final):
+                m = merged[ev.index]
+                m.text += ev.text
+                m.token_ids += ev.token_ids
+                m.logprobs += ev.logprobs
+                if ev.finish_reason:
+                    m.finish_reason, m.stop_reason = ev.finish_reason, ev.stop_reason
+                ev = await gen.__anext__()
+            return merged, ev
+        except EngineError as e:
+            raise _api_error(e) from e
+        except StopAsyncIteration:
+            raise APIError(503, "the request was aborted", None, "server_error") from None
+        finally:
+            await gen.aclose()
+
+    work = asyncio.ensure_future(gather())
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        async for ev in gen:
-            yield ev
-    except EngineError as e:
-        log.warning("stream ended early: %s", e)
-
-
-async def _collect(gen, n: int) -> tuple[list[Delta], Final]:
-    merged = [Delta(i, "", [], []) for i in range(n)]
-    first = await _first_event(gen)
-    try:
-        async for ev in _chain(first, gen):
-            if isinstance(ev, Final):
-                return merged, ev
-            m = merged[ev.index]
-            m.text += ev.text
-            m.token_ids += ev.token_ids
-            m.logprobs += ev.logprobs
-            if ev.finish_reason:
-                m.finish_reason, m.stop_reason = ev.finish_reason, ev.stop_reason
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await gen.aclose()
-    raise APIError(503, "the request was aborted", None, "server_error")
+        gone.cancel()
+        if not work.done():  # the client left: stop generating for it
+            work.cancel()
+            aengine.abort(rid)
+    if work.cancelled():
+        raise APIError(499, "the client closed the request", None, "invalid_request_error")
+    return work.result()
 
 
-def _tok_str(tok, t: int) -> str:
-    return tok.decode([t], skip_special_tokens=False) if tok is not None else str(t)
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
-def _completion_logprobs(tok, d: Delta, n: int) -> dict:
-    tokens, token_lps, tops = [], [], []
-    for t, entry in zip(d.token_ids, d.logprobs):
-        tokens.append(_tok_str(tok, t))
-        token_lps.append(entry.get(t))
-        best = sorted(entry.items(), key=lambda kv: -kv[1])[:n]
-        tops.append({_tok_str(tok, k): v for k, v in best})
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
-            "text_offset": []}
-
-
-def _chat_logprobs(tok, d: Delta, n: int) -> dict:
-    content = []
-    for t, entry in zip(d.token_ids, d.logprobs):
-        s = _tok_str(tok, t)
-        alts = sorted(entry.items(), key=lambda kv: -kv[1])[:n] if n else []
-        content.append({"token": s, "logprob": entry.get(t), "bytes": list(s.encode()),
-                        "top_logprobs": [{"token": _tok_str(tok, k), "logprob": v,
-                                          "bytes": list(_tok_str(tok, k).encode())} for k, v in alts]})
-    return {"content": content}

@@ -3,6 +3,13 @@
 HTTP handlers never touch the engine: they post commands (add, abort) to an inbox and read
 events from a per-request asyncio queue, so HTTP handling never stalls decoding and
 decoding never waits on a slow client. All requests of all clients share one batch.
+
+What one request brings stays with it: a request whose completion fails in the engine gets
+an `EngineError` (its siblings are aborted) and every other stream goes on. Admission is
+counted from the moment a handler is let in (`admit`), so requests still in the inbox count
+against `max_waiting`. A request past `request_timeout` is ended with an error. If the
+engine thread dies, `alive` turns false, every waiting client gets an error, and new
+requests are refused.
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from swaserve.engine.engine import Engine
-from swaserve.engine.request import Request
+from swaserve.engine.request import FinishReason, Request
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 
 log = logging.getLogger("swaserve")
+_POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
 
 
 @dataclass
@@ -42,10 +50,21 @@ class Final:
     num_output_tokens: list[int]
 
 
+class EngineError(Exception):
+    """A request's failure as its client sees it: an HTTP status and an OpenAI error."""
+
+    def __init__(self, message: str, status: int = 503, type_: str = "server_error",
+                 code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.code, self.param = (
+            message, status, type_, code, param)
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    deadline: float | None = None
     reqs: list[Request] = field(default_factory=list)
     sent_tokens: list[int] = field(default_factory=list)
     sent_chars: list[int] = field(default_factory=list)
@@ -53,39 +72,90 @@ class _Stream:
     holdback: int = 0
 
     def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-class EngineError(Exception):
-    pass
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the client's event loop is closed: nobody is listening
+            pass
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, max_waiting: int = 1024):
+    def __init__(self, engine: Engine, max_waiting: int = 1024,
+                 request_timeout: float | None = None):
         self.engine = engine
         self.max_waiting = max_waiting
+        self.request_timeout = request_timeout
+        self.metrics = None  # set by the app; called from the engine thread
+        self.num_waiting = 0  # the scheduler's waiting queue, as of the engine's last change
+        self.num_running = 0
+        self.dead: str | None = None  # why the engine thread stopped, if it did
+        self.draining = False  # shutting down: no new requests
+        self._admitted = 0  # let in by `admit`, not yet in the scheduler's queue
+        self._lock = threading.Lock()
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="swaserve-engine", daemon=True)
-        self.metrics = None  # set by the app; called from the engine thread
-        self.num_waiting = 0
-        self.num_running = 0
         self._thread.start()
 
     # -- called from the event loop --------------------------------------------------------
-    def overloaded(self) -> bool:
-        return self.num_waiting >= self.max_waiting
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self._thread.is_alive()
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       grammar: CompiledGrammar | None = None) -> AsyncIterator[Delta | Final]:
+    @property
+    def num_queued(self) -> int:
+        """Accepted requests not running yet: the scheduler's queue and the inbox."""
+        return self.num_waiting + self._admitted
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams) + self._admitted
+
+    def admit(self) -> None:
+        """Let one request in or raise EngineError (503). Every admitted request is then
+        either passed to `generate` or given back with `cancel_admission`."""
+        if not self.alive:
+            raise EngineError(f"the engine stopped: {self.dead or 'its thread ended'}",
+                              code="engine_dead")
+        if self.draining:
+            raise EngineError("the server is shutting down", code="shutting_down")
+        with self._lock:
+            if self.num_queued >= self.max_waiting:
+                raise EngineError("the server is overloaded: too many waiting requests",
+                                  code="overloaded")
+            self._admitted += 1
+
+    def cancel_admission(self) -> None:
+        with self._lock:
+            self._admitted -= 1
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                 grammar: CompiledGrammar | None = None) -> AsyncIterator[Delta | Final]:
+        """Queue one admitted request now; returns its events, which raise EngineError
+        where it fails. Whoever stops reading them early must `abort` it (closing the
+        iterator does that once it has started)."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        if self.request_timeout is not None:
+            stream.deadline = time.monotonic() + self.request_timeout
         self._inbox.put(("add", request_id, prompt_ids, params, grammar, stream))
+        return self._events(request_id, stream)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    async def _events(self, request_id: str, stream: _Stream) -> AsyncIterator[Delta | Final]:
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
+                try:
+                    item = await asyncio.wait_for(stream.queue.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if not self.alive:  # it died before it could answer this request
+                        raise EngineError(f"the engine stopped: {self.dead}",
+                                          code="engine_dead") from None
+                    continue
                 if isinstance(item, Exception):
+                    finished = True  # the engine thread has already let go of it
                     raise item
                 yield item
                 if isinstance(item, Final):
@@ -93,7 +163,11 @@ class AsyncEngine:
                     return
         finally:
             if not finished:  # the client went away or the handler failed: free the memory
-                self._inbox.put(("abort", request_id))
+                self.abort(request_id)
+
+    def fail_streams(self, message: str) -> None:
+        """End every request with an error (shutdown's last word to the clients)."""
+        self._inbox.put(("fail_all", message))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._inbox.put(("stop",))
@@ -101,85 +175,157 @@ class AsyncEngine:
 
     # -- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - say so, then let no client hang
+            log.exception("the engine thread died")
+            self.dead = f"{type(e).__name__}: {e}"
+            self._fail_all(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
+            while True:  # answer what is still in the inbox
+                try:
+                    cmd = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if cmd[0] == "add":
+                    self.cancel_admission()
+                    cmd[5].put(EngineError(f"the engine stopped: {self.dead}",
+                                           code="engine_dead"))
+            return
+        self._fail_all(EngineError("the server is shutting down", code="shutting_down"))
+
+    def _loop(self) -> None:
         eng = self.engine
         while not self._stop.is_set():
-            block = not eng.has_unfinished()
-            self._drain(block)
+            changed_state = self._drain(block=not eng.has_unfinished())
             if self._stop.is_set():
                 break
-            if not eng.has_unfinished():
-                continue
-            try:
-                changed = eng.step()
-            except Exception as e:  # noqa: BLE001 - a bug must not leave clients hanging
-                log.exception("engine step failed")
-                self._fail_all(EngineError(f"engine step failed: {e}"))
-                continue
-            self.num_waiting = len(eng.scheduler.waiting)
-            self.num_running = len(eng.scheduler.running)
-            if self.metrics is not None:
-                self.metrics.on_step(eng, changed)
-            self._publish(changed)
-        self._fail_all(EngineError("the server is shutting down"))
+            changed_state |= self._expire()
+            if eng.has_unfinished():
+                changed = eng.step()  # a fault it cannot isolate raises: the thread dies
+                self._publish(changed)
+                if self.metrics is not None:
+                    self.metrics.on_step(changed)
+                changed_state = True
+            if changed_state:
+                self._observe()
 
-    def _drain(self, block: bool) -> None:
+    def _observe(self) -> None:
+        sched = self.engine.scheduler
+        self.num_waiting = len(sched.waiting)
+        self.num_running = len(sched.running)
+        if self.metrics is not None:
+            self.metrics.on_state(self.engine, self._admitted)
+
+    def _drain(self, block: bool) -> bool:
+        """Handle what the inbox holds (waiting briefly for it when idle); True if any."""
         try:
-            cmd = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            cmd = self._inbox.get(timeout=_POLL_S) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             self._handle(cmd)
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _handle(self, cmd: tuple) -> None:
-        eng = self.engine
         if cmd[0] == "stop":
             for rid in list(self._streams):
                 self._abort(rid)
             self._stop.set()
         elif cmd[0] == "add":
-            _, rid, ids, params, grammar, stream = cmd
-            try:
-                stream.reqs = eng.add_request(ids, params, request_id=rid, grammar=grammar)
-            except ValueError as e:
-                stream.put(e)
-                return
-            n = len(stream.reqs)
-            stream.sent_tokens, stream.sent_chars, stream.done = [0] * n, [0] * n, [False] * n
-            stream.holdback = max((len(s) for s in params.stop or []), default=1) - 1
-            self._streams[rid] = stream
-            self.num_waiting = len(eng.scheduler.waiting)
+            self._add(*cmd[1:])
         elif cmd[0] == "abort":
-            self._abort(cmd[1])
+            if self._abort(cmd[1]) and self.metrics is not None:
+                self.metrics.aborted.inc()
+        elif cmd[0] == "fail_all":
+            self._fail_all(EngineError(cmd[1], code="shutting_down"))
 
-    def _abort(self, rid: str) -> None:
+    def _add(self, rid: str, ids: list[int], params: SamplingParams,
+             grammar: CompiledGrammar | None, stream: _Stream) -> None:
+        try:
+            stream.reqs = self.engine.add_request(ids, params, request_id=rid, grammar=grammar)
+        except ValueError as e:
+            param = str(e).split(":", 1)[0]
+            stream.put(EngineError(str(e), 400, "invalid_request_error",
+                                   param=param if param.isidentifier() else None))
+            return
+        except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+            log.exception("adding request %s failed", rid)
+            stream.put(EngineError(f"adding this request failed: {type(e).__name__}: {e}",
+                                   500))
+            return
+        finally:
+            self.num_waiting = len(self.engine.scheduler.waiting)
+            self.cancel_admission()  # it is in the scheduler's queue now (or refused)
+        n = len(stream.reqs)
+        stream.sent_tokens, stream.sent_chars, stream.done = [0] * n, [0] * n, [False] * n
+        stream.holdback = max((len(s) for s in params.stop or []), default=1) - 1
+        self._streams[rid] = stream
+
+    def _abort(self, rid: str) -> bool:
+        """Drop a request and free its memory; True if it was still running or waiting."""
         stream = self._streams.pop(rid, None)
         if stream is None:
-            return
+            return False
         for r in stream.reqs:
             self.engine.abort(r.request_id)
+        self._forget(stream)
+        return True
+
+    def _forget(self, stream: _Stream) -> None:
+        for r in stream.reqs:
+            if self.metrics is not None:
+                self.metrics.on_finish(r)
             self.engine.release(r.request_id)
+
+    def _expire(self) -> bool:
+        now = time.monotonic()
+        late = [rid for rid, s in self._streams.items()
+                if s.deadline is not None and now >= s.deadline]
+        for rid in late:
+            stream = self._streams[rid]
+            self._abort(rid)
+            stream.put(EngineError(f"the request did not finish within the server's "
+                                   f"--request-timeout of {self.request_timeout:g} s", 504,
+                                   "timeout_error", "request_timeout"))
+            if self.metrics is not None:
+                self.metrics.timed_out.inc()
+        return bool(late)
 
     def _publish(self, changed: list[Request]) -> None:
         touched = {}
         for req in changed:
-            rid = req.request_id.rsplit("-", 1)[0] if req.request_id not in self._streams else req.request_id
+            rid = req.request_id if req.request_id in self._streams else (
+                req.request_id.rsplit("-", 1)[0])
             if rid in self._streams:
                 touched[rid] = self._streams[rid]
         for rid, stream in touched.items():
-            for i, req in enumerate(stream.reqs):
-                d = self._delta(stream, i, req)
-                if d is not None:
-                    stream.put(d)
-            if all(r.is_finished for r in stream.reqs):
-                stream.put(Final(stream.reqs[0].num_prompt_tokens, stream.reqs[0].num_cached_tokens,
-                                 [r.num_output_tokens for r in stream.reqs]))
-                del self._streams[rid]
-                for r in stream.reqs:
-                    self.engine.release(r.request_id)
+            try:
+                self._publish_stream(rid, stream)
+            except Exception as e:  # noqa: BLE001 - this stream fails, the others go on
+                log.exception("streaming request %s failed", rid)
+                self._abort(rid)
+                stream.put(EngineError(f"streaming this request failed: {e}", 500))
+
+    def _publish_stream(self, rid: str, stream: _Stream) -> None:
+        failed = next((r for r in stream.reqs if r.finish_reason is FinishReason.ERROR), None)
+        if failed is not None:  # one completion failed: the request has failed
+            self._abort(rid)
+            err = failed.error
+            stream.put(EngineError(err.message, err.status, err.type, err.code)
+                       if err is not None else EngineError("the request failed", 500))
+            return
+        for i, req in enumerate(stream.reqs):
+            d = self._delta(stream, i, req)
+            if d is not None:
+                stream.put(d)
+        if all(r.is_finished for r in stream.reqs):
+            stream.put(Final(stream.reqs[0].num_prompt_tokens, stream.reqs[0].num_cached_tokens,
+                             [r.num_output_tokens for r in stream.reqs]))
+            del self._streams[rid]
+            self._forget(stream)
 
     def _delta(self, stream: _Stream, i: int, req: Request) -> Delta | None:
         if stream.done[i]:
@@ -200,12 +346,8 @@ class AsyncEngine:
         stream.done[i] = d.finish_reason is not None
         return d
 
-    def _fail_all(self, err: Exception) -> None:
+    def _fail_all(self, err: EngineError) -> None:
         for rid in list(self._streams):
             stream = self._streams[rid]
             self._abort(rid)
             stream.put(err)
-
-
-def now() -> int:
-    return int(time.time())

@@ -47,9 +47,12 @@ class ChatTemplate:
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):  # OpenAI content parts: keep the text ones
-                if any(p.get("type") != "text" for p in content):
+                if any(not isinstance(p, dict) or p.get("type") != "text"
+                       or not isinstance(p.get("text"), str) for p in content):
                     raise ChatTemplateError("messages: only text content parts are supported")
-                content = "".join(p.get("text", "") for p in content)
+                content = "".join(p["text"] for p in content)
+            elif content is not None and not isinstance(content, str):
+                raise ChatTemplateError("messages: content must be a string or text parts")
             flat.append({**m, "content": content or ""})
         try:
             return self._t.render(messages=flat, add_generation_prompt=add_generation_prompt,

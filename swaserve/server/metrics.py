@@ -1,4 +1,7 @@
-"""Prometheus metrics of one server (its own registry: no process-wide state)."""
+"""Prometheus metrics of one server (its own registry: no process-wide state).
+
+Gauges are set from the engine thread after every change of engine state (a step, an added
+or aborted request), so they are current when the server idles too."""
 
 from __future__ import annotations
 
@@ -6,14 +9,21 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from swaserve.engine.request import FinishReason, Request
+
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_RETRACTIONS = (0, 1, 2, 3, 5, 10)
+REJECT_REASONS = ("invalid", "too_large", "unauthorized", "not_found", "overloaded",
+                  "shutting_down", "engine_dead")
 
 
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.running = Gauge("swaserve_requests_running", "Requests holding a row", registry=r)
-        self.waiting = Gauge("swaserve_requests_waiting", "Requests waiting for memory", registry=r)
+        self.waiting = Gauge("swaserve_requests_waiting",
+                             "Accepted requests not running yet (the engine's inbox included)",
+                             registry=r)
         self.full_pool_usage = Gauge("swaserve_full_pool_usage", "Fraction of full-KV pages in use", registry=r)
         self.request_pages = Gauge("swaserve_full_pool_request_pages",
                                    "Full-KV pages held by running requests (not only the cache)",
@@ -21,33 +31,57 @@ class Metrics:
         self.cache_nodes = Gauge("swaserve_prefix_cache_pages", "Pages held by the prefix cache",
                                  registry=r)
         self.ring_usage = Gauge("swaserve_ring_rows_usage", "Fraction of request rows (rings) in use", registry=r)
+        self.kv_bytes = Gauge("swaserve_kv_bytes", "KV cache bytes by pool (full, ring, "
+                              "window_pages) and state (used, free)", ["pool", "state"], registry=r)
         self.prompt_tokens = Counter("swaserve_prompt_tokens", "Prompt tokens received", registry=r)
         self.cached_tokens = Counter("swaserve_prompt_cached_tokens", "Prompt tokens served from the prefix cache", registry=r)
         self.generation_tokens = Counter("swaserve_generation_tokens", "Tokens generated", registry=r)
         self.preemptions = Counter("swaserve_preemptions", "Requests retracted for memory", registry=r)
         self.requests = Counter("swaserve_requests_finished", "Finished requests", ["finish_reason"], registry=r)
+        self.failed = Counter("swaserve_requests_failed", "Requests that failed in the engine",
+                              registry=r)
+        self.aborted = Counter("swaserve_requests_aborted",
+                               "Requests whose client went away before they finished", registry=r)
+        self.timed_out = Counter("swaserve_requests_timed_out",
+                                 "Requests ended by --request-timeout", registry=r)
+        self.rejected = Counter("swaserve_requests_rejected", "Requests refused before queueing",
+                                ["reason"], registry=r)
+        self.retractions = Histogram("swaserve_request_retractions",
+                                     "Times a finished request was retracted for memory",
+                                     buckets=_RETRACTIONS, registry=r)
         self.ttft = Histogram("swaserve_time_to_first_token_seconds", "Time to first token", buckets=_LAT, registry=r)
         self.itl = Histogram("swaserve_inter_token_latency_seconds", "Time between tokens", buckets=_LAT, registry=r)
+        for reason in REJECT_REASONS:  # every series exists from the start, at 0
+            self.rejected.labels(reason)
         self._last_token: dict[str, float] = {}
         self._preempt_seen = 0
 
-    def on_step(self, engine, changed) -> None:
-        """Called by the engine thread after each step."""
-        now = time.monotonic()
+    def on_state(self, engine, num_queued: int = 0) -> None:
+        """Gauges of the engine's current state (called from the engine thread)."""
         sched, cache = engine.scheduler, engine.cache
         self.running.set(len(sched.running))
-        self.waiting.set(len(sched.waiting))
+        self.waiting.set(len(sched.waiting) + num_queued)
         if cache.full is not None and cache.num_total_pages:
             self.full_pool_usage.set(1 - cache.num_free_pages / cache.num_total_pages)
         self.ring_usage.set(1 - cache.rows.num_free / cache.rows.num_rows)
         self.request_pages.set(len({p for pages in cache.row_pages.values() for p in pages}))
         if cache.prefix is not None:
             self.cache_nodes.set(cache.prefix.num_nodes)
+        for pool, (used, free) in cache.usage().items():
+            self.kv_bytes.labels(pool, "used").set(used)
+            self.kv_bytes.labels(pool, "free").set(free)
         if sched.num_preemptions > self._preempt_seen:
             self.preemptions.inc(sched.num_preemptions - self._preempt_seen)
             self._preempt_seen = sched.num_preemptions
+
+    def on_step(self, changed: list[Request]) -> None:
+        """Token counters and latencies of the requests a step changed."""
+        now = time.monotonic()
         for req in changed:
             rid = req.request_id
+            if req.finish_reason is FinishReason.ERROR:
+                self._last_token.pop(rid, None)
+                continue
             self.generation_tokens.inc()
             if req.num_output_tokens == 1:
                 self.ttft.observe(now - req.arrival_time)
@@ -58,7 +92,15 @@ class Metrics:
             self._last_token[rid] = now
             if req.is_finished:
                 self._last_token.pop(rid, None)
-                self.requests.labels(req.finish_reason.value if req.finish_reason else "abort").inc()
+
+    def on_finish(self, req: Request) -> None:
+        """A request that left the engine, however it ended."""
+        self._last_token.pop(req.request_id, None)
+        reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
+        self.requests.labels(reason).inc()
+        if req.finish_reason is FinishReason.ERROR:
+            self.failed.inc()
+        self.retractions.observe(req.num_preemptions)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

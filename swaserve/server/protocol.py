@@ -1,70 +1,154 @@
-"""OpenAI request bodies (pydantic), plus the extra sampling fields vLLM and SGLang accept."""
+"""OpenAI request bodies (pydantic), plus the extra sampling fields vLLM and SGLang accept.
+
+Validation is strict at this boundary: numbers are numbers (not booleans or strings), text is
+valid Unicode (no lone surrogate escapes), prompts are a string, token ids or one list of
+either, and chat content is a string or a list of text parts. Limits follow OpenAI's: `n`
+up to 128, `logprobs` / `top_logprobs` 0-20, seeds in 64 bits, up to 16 stop strings.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from swaserve.sampling.params import MAX_LOGPROBS
+
+MAX_N = 128
+MAX_STOP = 16
+
+
+def _utf8(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate escape)") from None
+    return s
+
+
+def _number(v: Any) -> Any:
+    if isinstance(v, (bool, str)):
+        raise ValueError("must be a number")
+    return v
+
+
+def _integer(v: Any) -> Any:
+    if isinstance(v, (bool, str)) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError("must be an integer")
+    return v
+
+
+Text = Annotated[str, Field(strict=True), AfterValidator(_utf8)]
+Number = Annotated[float, BeforeValidator(_number), Field(allow_inf_nan=False)]
+Integer = Annotated[int, BeforeValidator(_integer)]
+Flag = Annotated[bool, Field(strict=True)]
+TokenId = Annotated[int, Field(strict=True, ge=0)]
+Prompt = Text | list[Text] | list[TokenId] | list[list[TokenId]]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Flag = False
 
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None
-    n: int = 1
-    stream: bool = False
+    model: Text | None = None
+    n: Integer = Field(1, ge=1, le=MAX_N)
+    stream: Flag = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = None
+    seed: Integer | None = None  # SamplingParams checks that it fits in 64 bits
+    temperature: Number | None = None
+    top_p: Number | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: dict[Text, Number] | None = None
+    user: Text | None = None
     # extra body fields (vLLM / SGLang names)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
+    top_k: Integer | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    min_tokens: Integer | None = None
+    ignore_eos: Flag | None = None
+    stop_token_ids: list[TokenId] | None = None
+    skip_special_tokens: Flag | None = None
     # structured output: OpenAI's response_format, plus the extra fields vLLM (guided_*)
     # and SGLang (json_schema, regex, ebnf) accept
     response_format: dict[str, Any] | None = None
-    json_schema: dict[str, Any] | str | None = None
-    guided_json: dict[str, Any] | str | None = None
-    regex: str | None = None
-    guided_regex: str | None = None
-    ebnf: str | None = None
-    grammar: str | None = None
-    guided_grammar: str | None = None
+    json_schema: dict[str, Any] | Text | None = None
+    guided_json: dict[str, Any] | Text | None = None
+    regex: Text | None = None
+    guided_regex: Text | None = None
+    ebnf: Text | None = None
+    grammar: Text | None = None
+    guided_grammar: Text | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Prompt
+    max_tokens: Integer | None = 16
+    logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: Flag = False
+    suffix: Text | None = None
+    best_of: Integer | None = None
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt(cls, v, handler):
+        try:
+            return handler(v)
+        except ValidationError:  # one message instead of one per member of the union
+            if isinstance(v, str):
+                raise ValueError("must be valid Unicode text (it holds a lone surrogate "
+                                 "escape)") from None
+            raise ValueError("must be a string, a list of token ids (integers >= 0), or a "
+                             "list of one of them") from None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
+
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _content(cls, v, handler):
+        try:
+            return handler(v)
+        except ValidationError as e:
+            if isinstance(v, list):
+                err = e.errors()[-1]
+                where = [str(x) for x in err["loc"] if isinstance(x, int) or x in ("type", "text")]
+                part = f"part {where[0]}" if where else "a part"
+                field = where[1] if len(where) > 1 else "type"
+                if field == "type":
+                    raise ValueError(f"{part}: only text content parts "
+                                     "({\"type\": \"text\", \"text\": ...}) are supported") from None
+                raise ValueError(f"{part}: text must be a string of valid Unicode") from None
+            raise ValueError("must be a string, null, or a list of text parts") from None
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: Integer | None = None
+    max_completion_tokens: Integer | None = None
+    logprobs: Flag = False
+    top_logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None

@@ -1,0 +1,78 @@
+"""The server's outer ASGI layer: API-key auth and the request body limit.
+
+A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps `receive` and would
+hide a client's disconnect from the handlers). It reads the body itself, answers 413 as soon
+as it passes `max_body_bytes`, and replays it to the app; after that the app's `receive`
+is the client's own, so handlers still see `http.disconnect`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+
+from swaserve.server.errors import error_body
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class Guard:
+    def __init__(self, app, api_key: str | None, max_body_bytes: int,
+                 public_paths: frozenset[str] = frozenset(),
+                 on_reject: Callable[[str], None] | None = None):
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.open_paths = OPEN_PATHS | public_paths
+        self.on_reject = on_reject
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        if self.api_key and scope.get("path") not in self.open_paths:
+            given = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
+                return await self._reject(send, 401, "unauthorized", error_body(
+                    "invalid or missing API key", "authentication_error", None,
+                    "invalid_api_key"))
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await self._reject(send, 413, "too_large", self._too_large())
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client left while sending
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await self._reject(send, 413, "too_large", self._too_large())
+            if not msg.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    def _too_large(self) -> dict:
+        return error_body(f"the request body exceeds the server's limit of "
+                          f"{self.max_body_bytes} bytes (--max-request-bytes)",
+                          "invalid_request_error", None, "request_too_large")
+
+    async def _reject(self, send, status: int, reason: str, body: dict) -> None:
+        if self.on_reject is not None:
+            self.on_reject(reason)
+        data = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,45 @@
+"""Logprobs in OpenAI's two formats: the legacy completions object and chat's content list.
+
+JSON has no infinity: a logprob that is -inf (a token a grammar or logit bias banned) is
+written as -9999.0, the value OpenAI uses for that."""
+
+from __future__ import annotations
+
+import math
+
+from swaserve.server.async_engine import Delta
+
+BANNED_LOGPROB = -9999.0
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else BANNED_LOGPROB
+
+
+def _tok_str(tok, t: int) -> str:
+    return tok.decode([t], skip_special_tokens=False) if tok is not None else str(t)
+
+
+def _top(entry: dict[int, float], n: int) -> list[tuple[int, float]]:
+    return sorted(entry.items(), key=lambda kv: -kv[1])[:n] if n else []
+
+
+def completion_logprobs(tok, d: Delta, n: int) -> dict:
+    tokens, token_lps, tops = [], [], []
+    for t, entry in zip(d.token_ids, d.logprobs):
+        tokens.append(_tok_str(tok, t))
+        token_lps.append(_finite(entry.get(t)))
+        tops.append({_tok_str(tok, k): _finite(v) for k, v in _top(entry, n)})
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": []}
+
+
+def chat_logprobs(tok, d: Delta, n: int) -> dict:
+    content = []
+    for t, entry in zip(d.token_ids, d.logprobs):
+        s = _tok_str(tok, t)
+        content.append({"token": s, "logprob": _finite(entry.get(t)), "bytes": list(s.encode()),
+                        "top_logprobs": [{"token": _tok_str(tok, k), "logprob": _finite(v),
+                                          "bytes": list(_tok_str(tok, k).encode())}
+                                         for k, v in _top(entry, n)]})
+    return {"content": content}

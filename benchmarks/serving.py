@@ -34,7 +34,7 @@ def percentile(xs: list[float], q: float) -> float:
 def build_prompts(n: int, tokens: int) -> list[str]:
     from tokenizers import Tokenizer
 
-    from swaserve.model.source import resolve_model
+    from swaserve.checkpoint.source import resolve_model
 
     src = resolve_model(None)
     tk = Tokenizer.from_file(str(src.cache_dir() / "tokenizer" / "tokenizer.json"))

@@ -196,8 +196,8 @@ def test_retraction_under_tiny_full_pool_completes_with_same_output(tiny_hybrid)
 
 
 def _budget_for_pages(path, pages, page_size, rows=8, chunk=16):
+    from swaserve.checkpoint.source import resolve_model
     from swaserve.memory.planner import fixed_bytes_per_row, full_bytes_per_token
-    from swaserve.model.source import resolve_model
 
     layout = resolve_model(path).model_config().cache_layout()
     ring = layout.ring_size(chunk, page_size)

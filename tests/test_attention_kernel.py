@@ -85,7 +85,7 @@ def test_bf16_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
     than with torch's SDPA on the gathered keys."""
     from test_attention_contracts import make_engine, run_logged
 
-    from swaserve.model import attention as backend
+    from swaserve.models import attention as backend
 
     path, ref = tiny_hybrid
     prompts = [random_prompt(n, seed=n) for n in (3, W + 1, 3 * W + 2)]

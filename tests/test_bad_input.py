@@ -9,7 +9,7 @@ import pytest
 from conftest import random_prompt
 
 from swaserve import LLM, EngineConfig, SamplingParams
-from swaserve.model.source import ModelLoadError
+from swaserve.checkpoint.source import ModelLoadError
 
 
 def test_unknown_model_path(tmp_path):

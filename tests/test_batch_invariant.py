@@ -7,7 +7,7 @@ import torch
 from conftest import random_prompt
 
 from swaserve import LLM, SamplingParams
-from swaserve.model.layers import linear
+from swaserve.models.layers import linear
 
 
 def test_row_blocks_give_every_row_the_bits_it_gets_alone():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from swaserve.kernels import build
-from swaserve.model.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
 kernels = pytest.mark.skipif(build.load("norm") is None, reason="no C compiler for the kernel")
 
@@ -102,7 +102,7 @@ def test_add_rms_norm_is_the_unfused_paths_bits(with_delta_norm, with_next_norm)
 
 def test_fused_layer_ops_fall_back_to_torch_with_the_same_results():
     """float32 rows take torch's ops in add_rms_norm and the heads (the parity path)."""
-    from swaserve.model.layers import add_rms_norm
+    from swaserve.models.layers import add_rms_norm
 
     g = torch.Generator().manual_seed(2)
     x, d = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)

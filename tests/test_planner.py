@@ -115,7 +115,7 @@ def test_engine_allocates_exactly_its_plan(tiny_hybrid):
 def test_admission_boundary_and_no_double_charge(tiny_hybrid):
     path, _ = tiny_hybrid
     # page 8, chunk 16: a 15-token prompt needs 2 pages (15 prompt + 1 decode token = 16)
-    from swaserve.model.source import resolve_model
+    from swaserve.checkpoint.source import resolve_model
 
     lay = resolve_model(path).model_config().cache_layout()
     from swaserve.memory.planner import full_bytes_per_token

@@ -154,7 +154,7 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
     the cold run's tokens and logits bit for bit."""
     from swaserve.kernels import attention as kernel
     from swaserve.kernels import build
-    from swaserve.model import attention as backend
+    from swaserve.models import attention as backend
 
     if build.load("attention") is None:
         pytest.skip("no C compiler for the kernel")

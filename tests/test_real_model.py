@@ -163,8 +163,8 @@ def test_int8_weights_are_the_gguf_weights_exactly(gguf_path):
     import gguf
     import numpy as np
 
-    from swaserve.model.loader import load_q8_weights
-    from swaserve.model.source import resolve_model
+    from swaserve.checkpoint.source import resolve_model
+    from swaserve.checkpoint.weights import load_q8_weights
 
     ws = load_q8_weights(resolve_model(gguf_path), 18)
     assert tuple(ws["lm_head"].q.shape) == (262144, 640)

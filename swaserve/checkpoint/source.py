@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swaserve.model.config import ModelConfig, gguf_metadata_to_hf
-from swaserve.model.gguf_meta import GGUFFormatError, read_gguf_metadata
+from swaserve.checkpoint.config import ModelConfig, gguf_metadata_to_hf
+from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 
 CACHE_VERSION = "1"
 

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from swaserve.model.source import ModelLoadError, ModelSource
+from swaserve.checkpoint.source import ModelLoadError, ModelSource
 
 log = logging.getLogger("swaserve")
 

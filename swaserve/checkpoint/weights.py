@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from swaserve.model.source import ModelLoadError, ModelSource
+from swaserve.checkpoint.source import ModelLoadError, ModelSource
 
 log = logging.getLogger("swaserve")
 
@@ -161,7 +161,7 @@ class _Q8Reader:
     straight from the memory-mapped file (no float dequantization)."""
 
     def __init__(self, path: Path):
-        from swaserve.model.gguf_meta import read_gguf_tensor_infos
+        from swaserve.checkpoint.gguf_meta import read_gguf_tensor_infos
 
         self.path = path
         self.infos, self.data_start = read_gguf_tensor_infos(path)

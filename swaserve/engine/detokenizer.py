@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swaserve.model.tokenizer import Tokenizer
+from swaserve.checkpoint.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+from swaserve.checkpoint.source import ModelLoadError, resolve_model
+from swaserve.checkpoint.tokenizer import load_tokenizer
+from swaserve.checkpoint.weights import load_q8_weights
 from swaserve.config import EngineConfig, parse_bytes
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.output import OutputProcessor
@@ -43,9 +46,6 @@ from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from swaserve.kernels import q8
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import MemoryPlan, plan_memory
-from swaserve.model.loader import load_q8_weights
-from swaserve.model.source import ModelLoadError, resolve_model
-from swaserve.model.tokenizer import load_tokenizer
 from swaserve.models.registry import model_class
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler, mask_biases
 from swaserve.sampling.params import SamplingParams

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
+from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import FinishReason, Request
 from swaserve.engine.scheduler import Scheduler
-from swaserve.model.tokenizer import Tokenizer
 
 log = logging.getLogger("swaserve")
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.checkpoint.source import ModelSource
+from swaserve.checkpoint.weights import iter_weights
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
-from swaserve.model.attention import SDPABackend
-from swaserve.model.config import ModelConfig
-from swaserve.model.context import AttnGroup, ForwardContext, KeyView
-from swaserve.model.loader import iter_weights
-from swaserve.model.source import ModelSource
+from swaserve.models.attention import SDPABackend
+from swaserve.models.context import AttnGroup, ForwardContext, KeyView
 from swaserve.models.registry import model_class
 
 log = logging.getLogger("swaserve")

@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def plan_report(args: argparse.Namespace) -> dict:
-    from swaserve.model.source import resolve_model
+    from swaserve.checkpoint.source import resolve_model
 
     source = resolve_model(args.model)
     cfg = source.model_config()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from swaserve.kernels.attention import decode_attention_bf16
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
-from swaserve.model.context import ForwardContext
+from swaserve.models.context import ForwardContext
 
 
 class AttentionBackend(Protocol):

@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.decode import FusedDecode
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import AMX_ROWS, Q8Weight
-from swaserve.model.attention import AttentionBackend, SDPABackend
-from swaserve.model.config import ModelConfig
-from swaserve.model.context import ForwardContext
-from swaserve.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
-from swaserve.models.loading import WeightMap, load_by_map
+from swaserve.models.attention import AttentionBackend, SDPABackend
+from swaserve.models.context import ForwardContext
+from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from swaserve.models.weight_map import WeightMap, load_by_map
 
 
 class DecoderLayerBase(nn.Module):

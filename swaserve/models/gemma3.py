@@ -7,19 +7,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from swaserve.model.attention import AttentionBackend
-from swaserve.model.config import ModelConfig
-from swaserve.model.context import ForwardContext
-from swaserve.model.layers import add_rms_norm, gelu_tanh_mul, rms_norm
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
-from swaserve.models.loading import WeightMap
+from swaserve.models.context import ForwardContext
+from swaserve.models.layers import add_rms_norm, gelu_tanh_mul, rms_norm
+from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap
 
-# checkpoint name suffix -> (our parameter, shard index); shards are stacked along dim 0
-STACKED = {
-    "self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
-    "self_attn.v_proj.weight": ("qkv", 2), "mlp.gate_proj.weight": ("gate_up", 0),
-    "mlp.up_proj.weight": ("gate_up", 1),
-}
 SINGLE = {
     "self_attn.o_proj.weight": "o", "mlp.down_proj.weight": "down",
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
@@ -30,20 +24,13 @@ SINGLE = {
 NORMS = {"q_norm", "k_norm", "attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"}
 
 
-def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
-    if pname == "qkv":
-        return [layer.q_size, layer.kv_size, layer.kv_size]
-    return [layer.gate_up.shape[0] // 2] * 2
-
-
 def _fold_norm(target: str, w: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
     # Gemma multiplies by (1 + w): fold the 1 in once, in float32 like the reference
     return 1.0 + w.to(p.dtype).float() if target.split(".")[-1] in NORMS | {"final_norm"} else w
 
 
-WEIGHTS = WeightMap(
-    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
-    single=SINGLE, stacked=STACKED, shard_sizes=_shard_sizes, transform=_fold_norm)
+WEIGHTS = WeightMap(top=HF_TOP, single=SINGLE, stacked={**HF_QKV, **HF_GATE_UP},
+                    transform=_fold_norm)
 
 
 class Gemma3Layer(DecoderLayerBase):

@@ -14,12 +14,12 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from swaserve.model.attention import AttentionBackend
-from swaserve.model.config import ModelConfig
-from swaserve.model.context import ForwardContext
-from swaserve.model.layers import linear, rms_norm, rows_in_blocks
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
-from swaserve.models.loading import WeightMap
+from swaserve.models.context import ForwardContext
+from swaserve.models.layers import linear, rms_norm, rows_in_blocks
+from swaserve.models.weight_map import HF_QKV, HF_TOP, WeightMap
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -100,22 +100,15 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, row_block: int | None) -> torch.Te
     return a @ b if row_block is None else rows_in_blocks(lambda part: part @ b, a, row_block)
 
 
-def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
-    return [layer.q_size, layer.kv_size, layer.kv_size]
-
-
 WEIGHTS = WeightMap(
-    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
+    top=HF_TOP,
     single={"self_attn.o_proj.weight": "o", "self_attn.o_proj.bias": "o_bias",
             "self_attn.sinks": "sinks", "input_layernorm.weight": "attn_norm",
             "post_attention_layernorm.weight": "ffn_norm", "mlp.router.weight": "router",
             "mlp.router.bias": "router_bias", "mlp.experts.gate_up_proj": "gate_up",
             "mlp.experts.gate_up_proj_bias": "gate_up_bias", "mlp.experts.down_proj": "down",
             "mlp.experts.down_proj_bias": "down_bias"},
-    stacked={"self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
-             "self_attn.v_proj.weight": ("qkv", 2), "self_attn.q_proj.bias": ("qkv_bias", 0),
-             "self_attn.k_proj.bias": ("qkv_bias", 1), "self_attn.v_proj.bias": ("qkv_bias", 2)},
-    shard_sizes=_shard_sizes)
+    stacked=HF_QKV)
 
 
 class GptOssForCausalLM(CausalLM):

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.model.attention import AttentionBackend
-from swaserve.model.config import ModelConfig
-from swaserve.model.context import ForwardContext
-from swaserve.model.layers import add_rms_norm, rms_norm
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
-from swaserve.models.loading import WeightMap
+from swaserve.models.context import ForwardContext
+from swaserve.models.layers import add_rms_norm, rms_norm
+from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap
 
 
 class DecoderLayer(DecoderLayerBase):
@@ -44,22 +44,12 @@ class DecoderLayer(DecoderLayerBase):
         return x + self.project(F.silu(gate) * up, "down", ctx)
 
 
-def _shard_sizes(layer: nn.Module, pname: str) -> list[int]:
-    if pname in ("qkv", "qkv_bias"):
-        return [layer.q_size, layer.kv_size, layer.kv_size]
-    return [layer.gate_up.shape[0] // 2] * 2
-
-
 WEIGHTS = WeightMap(
-    top={"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"},
+    top=HF_TOP,
     single={"self_attn.o_proj.weight": "o", "mlp.down_proj.weight": "down",
             "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
             "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"},
-    stacked={"self_attn.q_proj.weight": ("qkv", 0), "self_attn.k_proj.weight": ("qkv", 1),
-             "self_attn.v_proj.weight": ("qkv", 2), "self_attn.q_proj.bias": ("qkv_bias", 0),
-             "self_attn.k_proj.bias": ("qkv_bias", 1), "self_attn.v_proj.bias": ("qkv_bias", 2),
-             "mlp.gate_proj.weight": ("gate_up", 0), "mlp.up_proj.weight": ("gate_up", 1)},
-    shard_sizes=_shard_sizes)
+    stacked={**HF_QKV, **HF_GATE_UP})
 
 QKV_BIAS = {"Qwen2ForCausalLM"}
 QK_NORM = {"Qwen3ForCausalLM"}

@@ -14,6 +14,21 @@ import torch
 from torch import nn
 
 PREFIXES = ("model.language_model.", "language_model.", "model.")
+# what the HF families share: the top-level names, and the q/k/v (weights and biases) and
+# gate/up projections merged into one parameter each, stacked along dim 0
+HF_TOP = {"embed_tokens.weight": "embed", "norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+HF_QKV = {f"self_attn.{x}_proj.{kind}": (("qkv" if kind == "weight" else "qkv_bias"), i)
+          for i, x in enumerate("qkv") for kind in ("weight", "bias")}
+HF_GATE_UP = {"mlp.gate_proj.weight": ("gate_up", 0), "mlp.up_proj.weight": ("gate_up", 1)}
+
+
+def merged_sizes(layer: nn.Module, pname: str) -> list[int]:
+    """Shard sizes of a merged parameter: q/k/v by the layer's head sizes, gate/up halves."""
+    if pname in ("qkv", "qkv_bias"):
+        return [layer.q_size, layer.kv_size, layer.kv_size]
+    if pname == "gate_up":
+        return [layer.gate_up.shape[0] // 2] * 2
+    raise ValueError(f"{pname}: not a merged parameter")
 
 
 @dataclass(frozen=True)
@@ -22,7 +37,7 @@ class WeightMap:
     single: dict[str, str]  # layer-relative checkpoint name -> layer parameter
     stacked: dict[str, tuple[str, int]] = field(default_factory=dict)  # -> (parameter, shard)
     # (layer module, parameter name) -> shard sizes along dim 0
-    shard_sizes: Callable[[nn.Module, str], list[int]] | None = None
+    shard_sizes: Callable[[nn.Module, str], list[int]] = merged_sizes
     # (parameter name, checkpoint tensor, parameter) -> tensor to copy
     transform: Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor] | None = None
 

@@ -31,16 +31,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from swaserve import LLM, SamplingParams
-    from swaserve.config import parse_bytes
-    from swaserve.memory.plan_cli import plan_report
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig, parse_bytes
 
     budget = parse_bytes(args.kv_memory)
     report = {}
     for ctx in sorted({args.context, 32768}):
-        rep = plan_report(argparse.Namespace(model=None, kv_memory=args.kv_memory,
-                                             max_running_requests=None, context=ctx,
-                                             chunk_size=512, page_size=16, dtype="bf16",
-                                             swa_ratio=0.8, json=True))
+        rep = plan_report(EngineConfig(kv_memory=args.kv_memory), context=ctx)
         report[ctx] = {k: v["max_concurrent_requests"] for k, v in rep["accounting"].items()}
         print(f"context {ctx}: max concurrent requests {report[ctx]}")
     n = report[args.context]["ring"]

@@ -33,6 +33,7 @@ def parse_bytes(value: int | float | str) -> int:
 
 
 DTYPES = ("bfloat16", "float32", "float16")
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4, "float16": 2}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "fp16": "float16",
                   "f16": "float16", "half": "float16", "float": "float32"}
 

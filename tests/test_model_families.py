@@ -233,14 +233,12 @@ def test_unsupported_architecture_lists_supported(tmp_path):
 
 
 def test_planner_reports_the_pools_of_each_family(llama, mistral, gpt_oss):
-    import argparse
-
-    from swaserve.memory.plan_cli import plan_report
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig
 
     def report(path):
-        return plan_report(argparse.Namespace(model=path, kv_memory="64MiB", max_running_requests=None,
-                                              context=1024, chunk_size=64, page_size=16,
-                                              dtype="bf16", swa_ratio=0.8, json=True))
+        return plan_report(EngineConfig(model=path, kv_memory="64MiB", chunk_size=64),
+                           context=1024)
     r = report(llama[0])
     assert r["layers"]["sliding"] == [] and r["accounting"]["ring"]["fixed_bytes_per_request"] == 0
     r = report(mistral[0])

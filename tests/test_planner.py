@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 from conftest import random_prompt
 
@@ -89,11 +87,10 @@ def test_bundled_model_ring_vs_full_history_from_first_principles():
 
 
 def test_plan_cli_figures_for_bundled_model(capsys):
-    from swaserve.memory.plan_cli import plan_report
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig
 
-    rep = plan_report(argparse.Namespace(model=None, kv_memory="1GiB", max_running_requests=None,
-                                         context=8192, chunk_size=512, page_size=16,
-                                         dtype="bf16", swa_ratio=0.8, json=True))
+    rep = plan_report(EngineConfig(kv_memory="1GiB", dtype="bf16"), context=8192)
     acc = rep["accounting"]
     assert rep["layers"]["full"] == [5, 11, 17] and rep["layers"]["window"] == 512
     assert acc["ring"]["bytes_per_token"] == 3 * KIB

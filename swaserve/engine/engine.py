@@ -37,7 +37,7 @@ import torch
 from swaserve.checkpoint.source import ModelLoadError, resolve_model
 from swaserve.checkpoint.tokenizer import load_tokenizer
 from swaserve.checkpoint.weights import load_q8_weights
-from swaserve.config import EngineConfig, parse_bytes
+from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
@@ -161,7 +161,7 @@ class Engine:
 
     def _plan(self) -> MemoryPlan:
         c = self.config
-        dtype_bytes = torch.empty((), dtype=self.dtype).element_size()
+        dtype_bytes = DTYPE_BYTES[c.dtype]
         budget = c.kv_memory_bytes
         if budget is None and c.mem_fraction is not None:
             budget = int(_free_memory_bytes(self.device) * c.mem_fraction)

@@ -11,32 +11,36 @@ MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as in vLLM): logits / T overflow
 
 
+def _f(default, help_: str):
+    return field(default=default, metadata={"help": help_})
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = -1  # -1 or 0: all
-    top_p: float = 1.0
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    n: int = 1
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    skip_special_tokens: bool = True
+    temperature: float = _f(1.0, "0 is greedy; below 1e-5 counts as 0")
+    top_k: int = _f(-1, "keep the k most likely tokens (-1 or 0: all)")
+    top_p: float = _f(1.0, "keep the smallest set of tokens with this much probability")
+    min_p: float = _f(0.0, "drop tokens less likely than min_p times the most likely one")
+    frequency_penalty: float = _f(0.0, "subtract this times a token's count in the output")
+    presence_penalty: float = _f(0.0, "subtract this from tokens already in the output")
+    repetition_penalty: float = _f(1.0, "divide (multiply) positive (negative) logits of "
+                                   "tokens seen in prompt or output")
+    logit_bias: dict[int, float] | None = _f(None, "token id -> bias added to its logit")
+    seed: int | None = _f(None, "this request's seed: the same tokens whatever the batch")
+    n: int = _f(1, "completions per prompt")
+    max_tokens: int = _f(16, "new tokens at most")
+    min_tokens: int = _f(0, "no eos or stop token before this many new tokens")
+    stop: list[str] | str | None = _f(None, "stop string")
+    stop_token_ids: list[int] | None = _f(None, "stop token id")
+    ignore_eos: bool = _f(False, "keep generating past eos")
+    logprobs: int | None = _f(None, "logprobs of the chosen token and this many top ones")
+    skip_special_tokens: bool = _f(True, "leave special tokens out of the text")
     # structured output (at most one): a JSON schema (dict or JSON text), any JSON object,
     # a regular expression, or an EBNF (GBNF or Lark) grammar
-    json_schema: dict[str, Any] | str | None = None
-    json_object: bool = False
-    regex: str | None = None
-    grammar: str | None = None
-    _validated: bool = field(default=False, repr=False, compare=False)
+    json_schema: dict[str, Any] | str | None = _f(None, "output follows this JSON schema")
+    json_object: bool = _f(False, "output is a JSON object")
+    regex: str | None = _f(None, "output matches this regular expression")
+    grammar: str | None = _f(None, "output follows this EBNF (GBNF) or Lark grammar")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 
+from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
 
 log = logging.getLogger("swaserve")
@@ -56,8 +57,6 @@ class GracefulServer(uvicorn.Server):
 
 
 def register(sub) -> None:
-    from swaserve.cli import add_engine_args
-
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -88,7 +87,6 @@ def default_model_name(engine) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swaserve.cli import engine_config
     from swaserve.engine.engine import Engine
     from swaserve.server.app import create_app
     from swaserve.server.async_engine import AsyncEngine

@@ -7,52 +7,50 @@ import argparse
 import dataclasses
 import json
 
-from swaserve.config import normalize_dtype, parse_bytes
+from swaserve.cli.args import add_engine_args, engine_config
+from swaserve.config import DTYPE_BYTES, EngineConfig
 from swaserve.memory.planner import compare_accounting
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PLAN_FIELDS = ("model", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype")
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="KV capacity of a budget: ring vs token-scaled vs full history")
-    p.add_argument("--model", default=None, help="GGUF file or HF directory (default: bundled)")
-    p.add_argument("--kv-memory", required=True, help="KV budget, e.g. 4GiB")
-    p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--context", type=int, default=32768, help="tokens per request")
-    p.add_argument("--chunk-size", type=int, default=512)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--swa-ratio", type=float, default=0.8,
                    help="SWA pool / full pool token ratio for token-scaled accounting")
     p.add_argument("--json", action="store_true")
+    add_engine_args(p, only=PLAN_FIELDS)
     p.set_defaults(func=run)
 
 
-def plan_report(args: argparse.Namespace) -> dict:
+def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0.8) -> dict:
+    """Capacity of `config.kv_memory` for `config.model` under the three accountings."""
     from swaserve.checkpoint.source import resolve_model
 
-    source = resolve_model(args.model)
+    if config.kv_memory is None:
+        raise ValueError("kv_memory: plan needs a budget, e.g. --kv-memory 4GiB")
+    source = resolve_model(config.model)
     cfg = source.model_config()
     layout = cfg.cache_layout()
-    dtype = normalize_dtype(args.dtype)
-    budget = parse_bytes(args.kv_memory)
-    acc = compare_accounting(layout, budget, DTYPE_BYTES[dtype], context=args.context,
-                             chunk_size=args.chunk_size, page_size=args.page_size,
-                             max_running_requests=args.max_running_requests,
-                             swa_ratio=args.swa_ratio)
+    budget = config.kv_memory_bytes
+    acc = compare_accounting(layout, budget, DTYPE_BYTES[config.dtype], context=context,
+                             chunk_size=config.chunk_size, page_size=config.page_size,
+                             max_running_requests=config.max_running_requests,
+                             swa_ratio=swa_ratio)
     return {
         "model": str(source.path), "architecture": cfg.architecture,
-        "kv_memory_bytes": budget, "context": args.context, "dtype": dtype,
+        "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    "window": layout.max_window or None,
-                   "ring": layout.ring_size(args.chunk_size, args.page_size)},
+                   "ring": layout.ring_size(config.chunk_size, config.page_size)},
         "accounting": {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                        for k, a in acc.items()},
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    rep = plan_report(args)
+    rep = plan_report(engine_config(args), args.context, args.swa_ratio)
     if args.json:
         print(json.dumps(rep, indent=2))
         return 0

@@ -64,6 +64,22 @@ class StepStats:
     sample_seconds: float  # exact on CPU, where kernels run synchronously
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine holds right now (the server's gauges read this, not the pools)."""
+
+    num_running: int
+    num_waiting: int
+    num_preemptions: int  # since the engine started
+    rows_used: int
+    rows_total: int
+    full_pages_used: int
+    full_pages_total: int
+    request_pages: int  # full pages held by requests (the rest is the prefix cache's)
+    prefix_cache_pages: int
+    kv_bytes: dict[str, tuple[int, int]]  # pool -> (used, free), as KVCache.usage
+
+
 @dataclass
 class _Launched:
     """A step handed to the forward: its batch, its sampler rows' owners and its result
@@ -201,9 +217,11 @@ class Engine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None,
                     grammar: CompiledGrammar | None = None) -> list[Request]:
-        """Queue a prompt; returns its n completions' requests (all must finish)."""
+        """Queue a prompt; returns its n completions' requests (all must finish). Raises
+        ValueError naming the parameter (token ids against this vocabulary, the prompt,
+        the request id); SamplingParams checked the rest when it was made."""
         params = params or SamplingParams()
-        params.validate(self.vocab_size)
+        params.check_token_ids(self.vocab_size)
         ids = self.tokenize(prompt)
         if grammar is None:
             grammar = self.compile_grammar(params)
@@ -216,7 +234,7 @@ class Engine:
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
                                 self.max_model_len, seed=seed,
                                 grammar=grammar.new_matcher() if grammar else None,
-                                seq=next(self._seq)))
+                                seq=next(self._seq), group_id=rid))
         self.scheduler.add(reqs[0])
         for r in reqs:
             self.requests[r.request_id] = r
@@ -509,6 +527,15 @@ class Engine:
             self.scheduler.enqueue(child)
 
     # -- introspection ---------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        sched, cache = self.scheduler, self.cache
+        return EngineStats(
+            len(sched.running), len(sched.waiting), sched.num_preemptions,
+            cache.rows.num_rows - cache.rows.num_free, cache.rows.num_rows,
+            cache.num_total_pages - cache.num_free_pages, cache.num_total_pages,
+            len({p for pages in cache.row_pages.values() for p in pages}),
+            cache.prefix.num_nodes if cache.prefix is not None else 0, cache.usage())
+
     def check_integrity(self) -> None:
         self.cache.check_integrity()
         for r in self.requests.values():

@@ -39,7 +39,7 @@ class RequestError:
 
 @dataclass
 class Request:
-    request_id: str
+    request_id: str  # "<group_id>-<index>" for the n > 1 completions of one prompt
     prompt_token_ids: list[int]
     params: SamplingParams
     max_model_len: int
@@ -58,6 +58,7 @@ class Request:
     logprobs: list[dict[int, float]] | None = None
     error: RequestError | None = None  # set with FinishReason.ERROR
     seq: int = 0  # arrival order (the engine numbers requests): the scheduler's priority
+    group_id: str = ""  # the id the prompt was added under (its n completions share it)
     cache_node: object | None = None  # prefix-cache node this request locks (its prefix)
     grammar: object | None = None  # its GrammarMatcher, for structured output
     # overlap scheduling: tokens sampled on the device but not read back yet, and steps in

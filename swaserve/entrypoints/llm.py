@@ -86,13 +86,10 @@ class LLM:
             if len(params) != len(plist):
                 raise ValueError(f"sampling_params: {len(params)} given for {len(plist)} prompts")
         eng = self.engine
-        for p in params:
-            p.validate(eng.vocab_size)
-        ids = [eng.tokenize(p) for p in plist]  # every prompt checked before any is queued
         groups: list[list[Request]] = []
-        try:
-            for tok, p in zip(ids, params):
-                groups.append(eng.add_request(tok, p))
+        try:  # all or nothing: a bad prompt or parameter queues none of them
+            for prompt, p in zip(plist, params):
+                groups.append(eng.add_request(prompt, p))
         except Exception:
             for g in groups:
                 for r in g:
@@ -108,7 +105,7 @@ class LLM:
         results = []
         for prompt, g in zip(plist, groups):
             results.append(RequestOutput(
-                g[0].request_id.rsplit("-", 1)[0] if len(g) > 1 else g[0].request_id,
+                g[0].group_id,
                 prompt if isinstance(prompt, str) else None, list(g[0].prompt_token_ids),
                 [completion_output(i, r) for i, r in enumerate(g)], g[0].num_cached_tokens))
             for r in g:

@@ -45,9 +45,19 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.validate()
 
+    def check_token_ids(self, vocab_size: int) -> None:
+        """The token ids in logit_bias and stop_token_ids exist in this vocabulary (the one
+        check that needs the model; ValueError naming the parameter)."""
+        for t in self.logit_bias or {}:
+            if t >= vocab_size:
+                raise ValueError(f"logit_bias: unknown token id {t} (vocabulary has {vocab_size})")
+        for t in self.stop_token_ids or []:
+            if t >= vocab_size:
+                raise ValueError(f"stop_token_ids: unknown token id {t!r}")
+
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the first bad parameter. With `vocab_size`, token ids in
-        logit_bias and stop_token_ids are checked against it too."""
+        """Raise ValueError naming the first bad parameter (called on construction). With
+        `vocab_size`, token ids are checked against it too (`check_token_ids`)."""
 
         def bad(name: str, why: str) -> None:
             raise ValueError(f"{name}: {why}")

@@ -16,7 +16,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,11 +23,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swaserve.sampling.params import SamplingParams
+from swaserve.server.adapter import (
+    ChatFormat,
+    CompletionFormat,
+    ResponseFormat,
+    as_api_error,
+    sampling_params,
+)
 from swaserve.server.async_engine import AsyncEngine, Delta, EngineError, Final
 from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate, ChatTemplateError
-from swaserve.server.errors import APIError, error_response, param_of, validation_error
+from swaserve.server.errors import APIError, error_response, validation_error
 from swaserve.server.guard import Guard
-from swaserve.server.logprobs import chat_logprobs, completion_logprobs
 from swaserve.server.metrics import REJECT_REASONS, Metrics
 from swaserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -38,75 +43,6 @@ _HEAD_CHARS_PER_TOKEN = 8  # a prompt's head this many characters a token long i
 _REJECTED = {400: "invalid", 404: "not_found", 413: "too_large"}
 
 
-def _sampling_params(body, max_tokens: int | None, logprobs: int | None, engine) -> SamplingParams:
-    kw: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "top_k",
-                 "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-                 "skip_special_tokens"):
-        v = getattr(body, name)
-        if v is not None:
-            kw[name] = v
-    if body.stop is not None:
-        kw["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
-    if body.logit_bias is not None:
-        kw["logit_bias"] = body.logit_bias
-    kw.update(_structured_output(body))
-    try:
-        # max_tokens is fitted to the prompt once it is tokenized (check_length)
-        p = SamplingParams(n=body.n, max_tokens=engine.max_model_len if max_tokens is None
-                           else max_tokens, logprobs=logprobs, **kw)
-        p.validate(engine.vocab_size)
-    except ValueError as e:
-        raise _as_api_error(e, body) from e
-    return p
-
-
-def _as_api_error(e: ValueError, body) -> APIError:
-    """400 naming the parameter; a schema that came in response_format is named so."""
-    msg, param = str(e), param_of(e)
-    if param == "json_schema" and body.response_format is not None:
-        msg, param = "response_format" + msg[len("json_schema"):], "response_format"
-    return APIError(400, msg, param)
-
-
-def _structured_output(body) -> dict[str, Any]:
-    """SamplingParams fields for response_format and the vLLM / SGLang extra fields."""
-    out: dict[str, Any] = {}
-    fmt = body.response_format
-    if fmt is not None:
-        kind = fmt.get("type")
-        if kind == "json_object":
-            out["json_object"] = True
-        elif kind == "json_schema":
-            spec = fmt.get("json_schema")
-            if not isinstance(spec, dict) or "schema" not in spec:
-                raise APIError(400, "response_format: json_schema needs a 'schema' object",
-                               "response_format")
-            out["json_schema"] = spec["schema"]
-        elif kind != "text":
-            raise APIError(400, f"response_format: type must be text, json_object or "
-                           f"json_schema, got {kind!r}", "response_format")
-    for names, field in ((("json_schema", "guided_json"), "json_schema"),
-                         (("regex", "guided_regex"), "regex"),
-                         (("ebnf", "grammar", "guided_grammar"), "grammar")):
-        for name in names:
-            v = getattr(body, name)
-            if v is None:
-                continue
-            if out:
-                raise APIError(400, f"{name}: only one kind of structured output per request",
-                               name)
-            out[field] = v
-    return out
-
-
-def _usage(final: Final) -> dict:
-    completion = sum(final.num_output_tokens)
-    return {"prompt_tokens": final.num_prompt_tokens, "completion_tokens": completion,
-            "total_tokens": final.num_prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens}}
-
-
 def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                public_paths: frozenset[str] = frozenset()) -> FastAPI:
@@ -114,7 +50,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     tok = engine.tokenizer
     metrics = Metrics()
     aengine.metrics = metrics
-    aengine.metrics.on_state(engine)
+    metrics.on_state(engine.stats())
     engine.grammars.warm_up()  # the grammar token table, built before the first request
     template = None
     if tok is not None:
@@ -205,7 +141,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                 try:
                     grammar = await asyncio.to_thread(engine.compile_grammar, params)
                 except ValueError as e:
-                    raise _as_api_error(e, body) from e
+                    raise as_api_error(e, body) from e
         except BaseException:
             aengine.cancel_admission()
             raise
@@ -228,7 +164,18 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                                             "created": int(time.time()), "owned_by": "swaserve",
                                             "max_model_len": max_len}]}
 
-    # -- completions -----------------------------------------------------------------------
+    # -- completions and chat --------------------------------------------------------------
+    async def respond(body, request: Request, params: SamplingParams, ids: list[int], grammar,
+                      fmt_class: type[ResponseFormat], num_logprobs: int | None):
+        rid = f"{fmt_class.id_prefix}-{uuid.uuid4().hex}"
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage)
+        gen = aengine.generate(ids, params, rid, grammar)
+        if body.stream:
+            return await _stream(aengine, rid, gen, fmt)
+        choices, final = await _collect(aengine, rid, gen, params.n, request)
+        return fmt.response(choices, final)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
@@ -242,35 +189,12 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
             raise APIError(400, "prompt: must not be empty", "prompt")
         if len(prompts) != 1:
             raise APIError(400, "prompt: batches of prompts are not supported; send one per request", "prompt")
-        params = _sampling_params(body, body.max_tokens, body.logprobs, engine)
+        params = sampling_params(body, body.max_tokens, body.logprobs, max_len)
         ids, grammar = await prepare(params, body, lambda: encode(prompts[0], "prompt"),
                                      "prompt", body.max_tokens)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+        return await respond(body, request, params, ids, grammar, CompletionFormat,
+                             params.logprobs)
 
-        def choice(d: Delta) -> dict:
-            return {"index": d.index, "text": d.text, "finish_reason": d.finish_reason,
-                    "stop_reason": d.stop_reason,
-                    "logprobs": (completion_logprobs(tok, d, params.logprobs)
-                                 if params.logprobs is not None else None)}
-
-        def chunk(ev: Delta | Final, include_usage: bool) -> dict | None:
-            if isinstance(ev, Final):
-                return {"id": rid, "object": "text_completion", "created": created,
-                        "model": model_name, "choices": [], "usage": _usage(ev)
-                        } if include_usage else None
-            return {"id": rid, "object": "text_completion", "created": created,
-                    "model": model_name, "choices": [choice(ev)]}
-
-        gen = aengine.generate(ids, params, rid, grammar)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return await _stream(aengine, rid, gen, [], lambda ev: chunk(ev, include_usage))
-        choices, final = await _collect(aengine, rid, gen, params.n, request)
-        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [choice(c) for c in choices], "usage": _usage(final)}
-
-    # -- chat ------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
@@ -281,7 +205,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         n_lp = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = _sampling_params(body, max_tokens, n_lp, engine)
+        params = sampling_params(body, max_tokens, n_lp, max_len)
         if end_of_turn is not None:
             params.stop_token_ids = list(params.stop_token_ids or []) + [end_of_turn]
         messages = [m.model_dump() for m in body.messages]
@@ -296,40 +220,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                           add_special_tokens=not (bos and text.startswith(bos)))
 
         ids, grammar = await prepare(params, body, render, "messages", max_tokens)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-
-        def lp(d: Delta) -> dict | None:
-            return chat_logprobs(tok, d, body.top_logprobs or 0) if body.logprobs else None
-
-        def head(i: int) -> dict:
-            return {"id": rid, "object": "chat.completion.chunk", "created": created,
-                    "model": model_name, "choices": [{"index": i, "delta": {
-                        "role": "assistant", "content": ""}, "logprobs": None,
-                        "finish_reason": None}]}
-
-        def chunk(ev: Delta | Final, include_usage: bool) -> dict | None:
-            if isinstance(ev, Final):
-                return {"id": rid, "object": "chat.completion.chunk", "created": created,
-                        "model": model_name, "choices": [], "usage": _usage(ev)
-                        } if include_usage else None
-            delta = {"content": ev.text} if ev.text or not ev.finish_reason else {}
-            return {"id": rid, "object": "chat.completion.chunk", "created": created,
-                    "model": model_name, "choices": [{
-                        "index": ev.index, "delta": delta, "logprobs": lp(ev),
-                        "finish_reason": ev.finish_reason}]}
-
-        gen = aengine.generate(ids, params, rid, grammar)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return await _stream(aengine, rid, gen, [head(i) for i in range(params.n)],
-                                 lambda ev: chunk(ev, include_usage))
-        choices, final = await _collect(aengine, rid, gen, params.n, request)
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": lp(c), "finish_reason": c.finish_reason,
-                             "stop_reason": c.stop_reason} for c in choices],
-                "usage": _usage(final)}
+        return await respond(body, request, params, ids, grammar, ChatFormat, n_lp)
 
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
                        public_paths=public_paths,
@@ -366,17 +257,17 @@ async def _first_event(aengine: AsyncEngine, rid: str, gen: AsyncIterator):
         raise
 
 
-async def _stream(aengine: AsyncEngine, rid: str, gen: AsyncIterator, head: list[dict],
-                  chunk: Callable[[Delta | Final], dict | None]) -> StreamingResponse:
+async def _stream(aengine: AsyncEngine, rid: str, gen: AsyncIterator,
+                  fmt: ResponseFormat) -> StreamingResponse:
     first = await _first_event(aengine, rid, gen)
 
     async def sse():
         try:
-            for obj in head:
+            for obj in fmt.head():
                 yield _sse(obj)
             ev = first
             while True:
-                obj = chunk(ev)
+                obj = fmt.chunk(ev)
                 if obj is not None:
                     yield _sse(obj)
                 if isinstance(ev, Final):

@@ -210,11 +210,10 @@ class AsyncEngine:
                 self._observe()
 
     def _observe(self) -> None:
-        sched = self.engine.scheduler
-        self.num_waiting = len(sched.waiting)
-        self.num_running = len(sched.running)
+        stats = self.engine.stats()
+        self.num_waiting, self.num_running = stats.num_waiting, stats.num_running
         if self.metrics is not None:
-            self.metrics.on_state(self.engine, self._admitted)
+            self.metrics.on_state(stats, self._admitted)
 
     def _drain(self, block: bool) -> bool:
         """Handle what the inbox holds (waiting briefly for it when idle); True if any."""
@@ -297,10 +296,8 @@ class AsyncEngine:
     def _publish(self, changed: list[Request]) -> None:
         touched = {}
         for req in changed:
-            rid = req.request_id if req.request_id in self._streams else (
-                req.request_id.rsplit("-", 1)[0])
-            if rid in self._streams:
-                touched[rid] = self._streams[rid]
+            if req.group_id in self._streams:
+                touched[req.group_id] = self._streams[req.group_id]
         for rid, stream in touched.items():
             try:
                 self._publish_stream(rid, stream)

@@ -9,6 +9,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from swaserve.engine.engine import EngineStats
 from swaserve.engine.request import FinishReason, Request
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -56,23 +57,21 @@ class Metrics:
         self._last_token: dict[str, float] = {}
         self._preempt_seen = 0
 
-    def on_state(self, engine, num_queued: int = 0) -> None:
+    def on_state(self, stats: EngineStats, num_queued: int = 0) -> None:
         """Gauges of the engine's current state (called from the engine thread)."""
-        sched, cache = engine.scheduler, engine.cache
-        self.running.set(len(sched.running))
-        self.waiting.set(len(sched.waiting) + num_queued)
-        if cache.full is not None and cache.num_total_pages:
-            self.full_pool_usage.set(1 - cache.num_free_pages / cache.num_total_pages)
-        self.ring_usage.set(1 - cache.rows.num_free / cache.rows.num_rows)
-        self.request_pages.set(len({p for pages in cache.row_pages.values() for p in pages}))
-        if cache.prefix is not None:
-            self.cache_nodes.set(cache.prefix.num_nodes)
-        for pool, (used, free) in cache.usage().items():
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting + num_queued)
+        if stats.full_pages_total:
+            self.full_pool_usage.set(stats.full_pages_used / stats.full_pages_total)
+        self.ring_usage.set(stats.rows_used / stats.rows_total)
+        self.request_pages.set(stats.request_pages)
+        self.cache_nodes.set(stats.prefix_cache_pages)
+        for pool, (used, free) in stats.kv_bytes.items():
             self.kv_bytes.labels(pool, "used").set(used)
             self.kv_bytes.labels(pool, "free").set(free)
-        if sched.num_preemptions > self._preempt_seen:
-            self.preemptions.inc(sched.num_preemptions - self._preempt_seen)
-            self._preempt_seen = sched.num_preemptions
+        if stats.num_preemptions > self._preempt_seen:
+            self.preemptions.inc(stats.num_preemptions - self._preempt_seen)
+            self._preempt_seen = stats.num_preemptions
 
     def on_step(self, changed: list[Request]) -> None:
         """Token counters and latencies of the requests a step changed."""

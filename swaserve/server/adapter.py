@@ -1,0 +1,152 @@
+"""The OpenAI mapping, shared by completions and chat: a request body becomes
+`SamplingParams`, and the engine's events become stream chunks and whole responses."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from swaserve.sampling.params import SamplingParams
+from swaserve.server.async_engine import Delta, Final
+from swaserve.server.errors import APIError, param_of
+from swaserve.server.logprobs import chat_logprobs, completion_logprobs
+
+_PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
+                   "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+                   "stop_token_ids", "skip_special_tokens", "logit_bias")
+
+
+def sampling_params(body, max_tokens: int | None, logprobs: int | None,
+                    max_model_len: int) -> SamplingParams:
+    """SamplingParams of a request body, validated once (its token ids are checked by the
+    engine against the vocabulary); a bad value is a 400 naming it. `max_tokens` is fitted
+    to the prompt once that is tokenized."""
+    kw: dict[str, Any] = {name: getattr(body, name) for name in _PASSED_THROUGH
+                          if getattr(body, name) is not None}
+    if body.stop is not None:
+        kw["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    kw.update(structured_output(body))
+    try:
+        return SamplingParams(n=body.n, max_tokens=max_model_len if max_tokens is None
+                              else max_tokens, logprobs=logprobs, **kw)
+    except ValueError as e:
+        raise as_api_error(e, body) from e
+
+
+def as_api_error(e: ValueError, body) -> APIError:
+    """400 naming the parameter; a schema that came in response_format is named so."""
+    msg, param = str(e), param_of(e)
+    if param == "json_schema" and body.response_format is not None:
+        msg, param = "response_format" + msg[len("json_schema"):], "response_format"
+    return APIError(400, msg, param)
+
+
+def structured_output(body) -> dict[str, Any]:
+    """SamplingParams fields for response_format and the vLLM / SGLang extra fields."""
+    out: dict[str, Any] = {}
+    fmt = body.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            out["json_object"] = True
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise APIError(400, "response_format: json_schema needs a 'schema' object",
+                               "response_format")
+            out["json_schema"] = spec["schema"]
+        elif kind != "text":
+            raise APIError(400, f"response_format: type must be text, json_object or "
+                           f"json_schema, got {kind!r}", "response_format")
+    for names, field in ((("json_schema", "guided_json"), "json_schema"),
+                         (("regex", "guided_regex"), "regex"),
+                         (("ebnf", "grammar", "guided_grammar"), "grammar")):
+        for name in names:
+            v = getattr(body, name)
+            if v is None:
+                continue
+            if out:
+                raise APIError(400, f"{name}: only one kind of structured output per request",
+                               name)
+            out[field] = v
+    return out
+
+
+def usage(final: Final) -> dict:
+    completion = sum(final.num_output_tokens)
+    return {"prompt_tokens": final.num_prompt_tokens, "completion_tokens": completion,
+            "total_tokens": final.num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": final.num_cached_tokens}}
+
+
+class ResponseFormat:
+    """How one request's events are written: `head` (chunks before any output), `chunk`
+    (one event, None for nothing to send), `response` (the whole, non-streaming answer)."""
+
+    object = "text_completion"
+    chunk_object = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(self, request_id: str, model: str, tokenizer, n: int,
+                 num_logprobs: int | None, include_usage: bool):
+        self.id, self.model, self.tok, self.n = request_id, model, tokenizer, n
+        self.num_logprobs, self.include_usage = num_logprobs, include_usage
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def head(self) -> list[dict]:
+        return []
+
+    def chunk(self, ev: Delta | Final) -> dict | None:
+        if isinstance(ev, Final):
+            return {**self._envelope(self.chunk_object, []), "usage": usage(ev)} \
+                if self.include_usage else None
+        return self._envelope(self.chunk_object, [self._chunk_choice(ev)])
+
+    def response(self, choices: list[Delta], final: Final) -> dict:
+        return {**self._envelope(self.object, [self._choice(c) for c in choices]),
+                "usage": usage(final)}
+
+    def _logprobs(self, d: Delta) -> dict | None:
+        if self.num_logprobs is None:
+            return None
+        return completion_logprobs(self.tok, d, self.num_logprobs)
+
+    def _choice(self, d: Delta) -> dict:
+        return {"index": d.index, "text": d.text, "finish_reason": d.finish_reason,
+                "stop_reason": d.stop_reason, "logprobs": self._logprobs(d)}
+
+    _chunk_choice = _choice
+
+
+class CompletionFormat(ResponseFormat):
+    pass
+
+
+class ChatFormat(ResponseFormat):
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def head(self) -> list[dict]:  # each choice opens with its role
+        return [self._envelope(self.chunk_object, [{
+            "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            "finish_reason": None}]) for i in range(self.n)]
+
+    def _logprobs(self, d: Delta) -> dict | None:
+        if self.num_logprobs is None:
+            return None
+        return chat_logprobs(self.tok, d, self.num_logprobs)
+
+    def _chunk_choice(self, d: Delta) -> dict:
+        delta = {"content": d.text} if d.text or not d.finish_reason else {}
+        return {"index": d.index, "delta": delta, "logprobs": self._logprobs(d),
+                "finish_reason": d.finish_reason}
+
+    def _choice(self, d: Delta) -> dict:
+        return {"index": d.index, "message": {"role": "assistant", "content": d.text},
+                "logprobs": self._logprobs(d), "finish_reason": d.finish_reason,
+                "stop_reason": d.stop_reason}

@@ -4,7 +4,7 @@ full-vocabulary candidate path. Medians over --steps decode steps.
 
     python benchmarks/sampler_overhead.py [--batch 64] [--steps 20] [--json out.json]
 
-Mixes (DESIGN.md §3 / issue 3): half top-p 0.9 + top-k 50, a quarter seeded (same filter,
+Mixes (docs/architecture.md, Sampling; issue 3): half top-p 0.9 + top-k 50, a quarter seeded (same filter,
 seed set), a quarter greedy. "seeded-temp" makes the seeded quarter temperature-only, which
 hashes the whole vocabulary for those rows. "full-path" gives one filtering row top_k=2000,
 so every filtering row goes through the sorted vocabulary.

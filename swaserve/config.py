@@ -7,8 +7,10 @@ run-time objects that discover them (`ModelConfig`, `MemoryPlan`), not here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
@@ -30,6 +32,14 @@ def parse_bytes(value: int | float | str) -> int:
     if n <= 0:
         raise ValueError(f"kv_memory: must be positive, got {value!r}")
     return n
+
+
+def cache_root() -> Path:
+    """Where swaserve caches what is expensive to rebuild (converted tokenizers, dequantized
+    weights, built kernels): $SWASERVE_CACHE_DIR, else $XDG_CACHE_HOME/swaserve."""
+    root = os.environ.get("SWASERVE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swaserve")
+    return Path(root)
 
 
 DTYPES = ("bfloat16", "float32", "float16")

@@ -1,4 +1,4 @@
-"""DESIGN.md §2 on tiny random Gemma 3 models against transformers' own implementation."""
+"""The attention contracts (docs/architecture.md) on tiny random Gemma 3 models against transformers' own implementation."""
 
 from __future__ import annotations
 

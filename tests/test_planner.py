@@ -1,4 +1,4 @@
-"""DESIGN.md §4: ring accounting, the plan, and admission by the same accounting."""
+"""Memory planning (docs/architecture.md): ring accounting, the plan, and admission by the same accounting."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md §5: prefix hits on a hybrid SWA model are exact (tiny random Gemma 3, W = 8)."""
+"""The prefix cache contract (docs/architecture.md): prefix hits on a hybrid SWA model are exact (tiny random Gemma 3, W = 8)."""
 
 from __future__ import annotations
 

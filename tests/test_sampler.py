@@ -1,4 +1,4 @@
-"""DESIGN.md §3: the sampler on fixed logits (exact, fast, no model needed)."""
+"""The sampling contract (docs/architecture.md): the sampler on fixed logits (exact, fast, no model needed)."""
 
 from __future__ import annotations
 

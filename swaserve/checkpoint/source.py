@@ -12,18 +12,13 @@ from typing import Any
 
 from swaserve.checkpoint.config import ModelConfig, gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
+from swaserve.config import cache_root
 
 CACHE_VERSION = "1"
 
 
 class ModelLoadError(ValueError):
     """The model path is missing, unreadable or not a supported model."""
-
-
-def cache_root() -> Path:
-    root = os.environ.get("SWASERVE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "swaserve")
-    return Path(root)
 
 
 def default_model_path() -> str:

@@ -25,6 +25,7 @@ the batch gets exactly the tokens it would have got. A fault no request can be b
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -97,7 +98,11 @@ class _Launched:
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, **overrides):
-        config = config or EngineConfig(**overrides)
+        """`Engine(config)`, `Engine(**fields)`, or a config with some fields replaced."""
+        if config is None:
+            config = EngineConfig(**overrides)
+        elif overrides:
+            config = dataclasses.replace(config, **overrides)
         self.config = config
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         if str(config.device).startswith("cuda") and not torch.cuda.is_available():
@@ -285,21 +290,40 @@ class Engine:
             return self._fail_step(e)
 
     def _step(self) -> list[Request]:
+        return self._overlap_step() if self.overlap else self._plain_step()
+
+    def _plain_step(self) -> list[Request]:
+        """Schedule and prepare a step, compute it, read it back, postprocess."""
         t0 = time.perf_counter()
-        prev, self._inflight = self._inflight, None
-        if prev is None:
-            prev = self._launch(None)
-            if prev is None:
+        step = self._launch(None)
+        if step is None:
+            self.last_step = None
+            return []
+        return self._finish(step, t0)
+
+    def _overlap_step(self) -> list[Request]:
+        """Finish the step in flight while the next one computes: the next is launched
+        first (chained on this one's device tokens when no row needs them on the host),
+        else right after this one is read back."""
+        t0 = time.perf_counter()
+        step, self._inflight = self._inflight, None
+        if step is None:
+            step = self._launch(None)
+            if step is None:
                 self.last_step = None
                 return []
-        if prev.chain_safe:
-            self._inflight = self._launch(prev)
-        out, forward_s, sample_s = prev.wait()
-        changed = self.postprocess(prev.batch, prev.owners, out, prev.failed)
-        self._open.remove(prev)
-        if self.overlap and self._inflight is None:
+        if step.chain_safe:
+            self._inflight = self._launch(step)
+        changed = self._finish(step, t0)
+        if self._inflight is None:
             self._inflight = self._launch(None)  # computes while the caller streams these
-        self.last_step = StepStats(prev.batch.num_tokens, len(prev.batch.seqs),
+        return changed
+
+    def _finish(self, step: _Launched, t0: float) -> list[Request]:
+        out, forward_s, sample_s = step.wait()
+        changed = self.postprocess(step.batch, step.owners, out, step.failed)
+        self._open.remove(step)
+        self.last_step = StepStats(step.batch.num_tokens, len(step.batch.seqs),
                                    time.perf_counter() - t0, forward_s, sample_s)
         return changed
 
@@ -328,7 +352,7 @@ class Engine:
             self.fail(req, error)
         self.scheduler.release_deferred()
         self.check_integrity()  # raises if the pools could not be made whole: the engine dies
-        self.last_step = None
+        self.last_step = StepStats(0, len(reqs), 0.0, 0.0, 0.0)  # it ended them: not stalled
         return reqs
 
     def _launch(self, prev: _Launched | None) -> _Launched | None:

@@ -15,11 +15,6 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class Phase(enum.Enum):
-    PREFILL = "prefill"  # more than one token left to compute
-    DECODE = "decode"  # exactly the last sampled token left to compute
-
-
 class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
@@ -110,16 +105,8 @@ class Request:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def phase(self) -> Phase:
-        return Phase.DECODE if self.num_uncomputed_tokens <= 1 else Phase.PREFILL
-
-    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
-
-    def token_at(self, pos: int) -> int:
-        n = self.num_prompt_tokens
-        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
 
     def tokens(self, start: int, end: int) -> list[int]:
         n = self.num_prompt_tokens

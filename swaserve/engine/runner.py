@@ -1,4 +1,5 @@
-"""ModelRunner: builds the model, its KV cache, and turns a Batch into a ForwardContext.
+"""ModelRunner: turns a Batch into a ForwardContext over the KV cache and runs the model
+(`build_model` builds the model from a checkpoint; the engine builds the cache).
 
 Masks come from positions: for full layers from each request's length, for sliding layers
 from the positions the ring slots record (so a wrapped ring needs no special case). Where

@@ -170,7 +170,7 @@ class Scheduler:
             if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch,
                                    can_retract):
                 continue
-            self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
+            self._slots(req, req.num_computed_tokens + n)
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
@@ -211,12 +211,19 @@ class Scheduler:
                 req.cache_node = hit.node
                 req.num_computed_tokens = start
                 req.num_cached_tokens = max(req.num_cached_tokens, start)
-            self.cache.ensure_slots(req.row, req.num_computed_tokens + n)
+            self._slots(req, req.num_computed_tokens + n)
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n
         return batch
+
+    def _slots(self, req: Request, num_tokens: int) -> None:
+        """Full-pool slots for what `req` computes now; room was made, so a shortfall is a
+        bookkeeping bug (the engine fails the step and checks the pools)."""
+        if not self.cache.ensure_slots(req.row, num_tokens):
+            raise RuntimeError(f"{req.request_id}: no full-KV pages for {num_tokens} tokens "
+                               "after admission found room")
 
     def _chunk(self, uncomputed: int, budget: int) -> int:
         """Tokens to compute now for a request with `uncomputed` left (0: not this step)."""

@@ -15,6 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from swaserve.config import cache_root
+
 log = logging.getLogger("swaserve")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -22,9 +24,7 @@ _functions: dict[tuple[str, str], object] = {}
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("SWASERVE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "swaserve")
-    return Path(base) / "kernels"
+    return cache_root() / "kernels"
 
 
 def load(name: str) -> ctypes.CDLL | None:

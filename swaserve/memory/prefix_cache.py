@@ -56,13 +56,6 @@ class Node:
     lock: int = 0  # running requests whose prefix passes through this node
     last_access: int = 0
 
-    @property
-    def depth_pages(self) -> int:
-        n, d = self, 0
-        while n.parent is not None:
-            n, d = n.parent, d + 1
-        return d
-
 
 @dataclass
 class Match:

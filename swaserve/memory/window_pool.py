@@ -40,9 +40,6 @@ class WindowPool:
         for r in rows:
             self.positions[r * self.ring:(r + 1) * self.ring] = EMPTY
 
-    def slots(self, row: int, positions: torch.Tensor) -> torch.Tensor:
-        return row * self.ring + positions % self.ring
-
     def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[dense_layer].index_copy_(0, slots, k)
         self.v[dense_layer].index_copy_(0, slots, v)
@@ -54,5 +51,3 @@ class WindowPool:
         for buf in self.k + self.v:
             buf[b:b + self.ring] = buf[a:a + self.ring]
 
-    def tokens_held(self, row: int) -> int:
-        return int((self.positions[row * self.ring:(row + 1) * self.ring] != EMPTY).sum())

@@ -1,9 +1,9 @@
 """CausalLM: what every family shares — embedding, a stack of layers, final norm, LM head,
 and one RoPE table per layer kind (Gemma 3 uses another base on its sliding layers).
 
-A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map) and,
-where it differs, `embed_scale` and `norm_weight`; `fused_decode` when its layers are the
-shape that kernels/decode.c runs a decode step of in one call."""
+A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map),
+`scale_embeddings` when it multiplies embeddings by sqrt(hidden), and `fused_decode` when
+its layers are the shape that kernels/decode.c runs a decode step of in one call."""
 
 from __future__ import annotations
 

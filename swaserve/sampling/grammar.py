@@ -2,7 +2,7 @@
 
 A grammar is compiled once per (kind, text) and cached; every request gets a deep copy of
 the compiled matcher. Each step a grammar row's allowed tokens come out as a packed bitmask,
-unpacked into the additive row (0 / -inf) the sampler adds (DESIGN.md §3) before penalties,
+unpacked into the additive row (0 / -inf) the sampler adds (docs/architecture.md, Sampling) before penalties,
 temperature and filtering, so greedy, seeded and filtered rows all respect it. The matcher
 then consumes the chosen token; the request finishes when the grammar can go no further.
 

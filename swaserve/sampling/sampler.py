@@ -1,6 +1,6 @@
 """On-device sampler: pure tensor functions over the batch, parameters packed once per step.
 
-Order for each row (DESIGN.md §3):
+Order for each row (docs/architecture.md, Contracts: Sampling):
 float32 logits -> + additive edit row (logit_bias; grammar masks join here as 0 / -inf rows)
 -> penalties -> / temperature -> logprobs read here -> top-k / top-p / min-p -> Gumbel-max.
 

@@ -35,25 +35,20 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.checkpoint.source import ModelLoadError, resolve_model
-from swaserve.checkpoint.tokenizer import load_tokenizer
-from swaserve.checkpoint.weights import load_q8_weights
-from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
+from swaserve.config import EngineConfig
 from swaserve.engine.faults import FaultInjector
+from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
-from swaserve.engine.runner import TORCH_DTYPES, ModelRunner, build_model
-from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
-from swaserve.kernels import q8
+from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
+from swaserve.engine.sample_stage import SampleStage
+from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.memory.kv_cache import KVCache
-from swaserve.memory.planner import MemoryPlan, plan_memory
-from swaserve.models.registry import model_class
-from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler, mask_biases
+from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow, has_penalty
+from swaserve.sampling.sampler import Sampler, SamplerOutput, has_penalty
 
 log = logging.getLogger("swaserve")
-DEFAULT_KV_MEMORY = 1024**3
 
 
 @dataclass
@@ -110,31 +105,15 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
-        self.source = resolve_model(config.model)
-        self.model_config = cfg = self.source.model_config()
-        model_class(cfg.architecture)  # unsupported architectures fail before any loading
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        if self.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context "
-                             f"length {cfg.max_position_embeddings}")
-        self.tokenizer = load_tokenizer(self.source)
-        try:
-            self.model = build_model(self.source, cfg, self.dtype, self.device)
-        except ModelLoadError:
-            raise
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise ModelLoadError(f"{self.source.path}: cannot load weights: {e}") from e
-        if (config.int8_weights and self.dtype != torch.float32 and self.device.type == "cpu"
-                and not config.batch_invariant and q8.available()):
-            # float32 stays the plain reference path; batch-invariant mode needs one kernel
-            # for every row count
-            fast = {name: w.for_activations(self.dtype)
-                    for name, w in load_q8_weights(self.source, cfg.num_layers).items()}
-            self.model.use_q8({name: w for name, w in fast.items() if w is not None})
+        loaded = load_model(config, self.dtype, self.device)
+        self.source, self.model_config, self.tokenizer = loaded.source, loaded.config, loaded.tokenizer
+        self.model, self.max_model_len = loaded.model, loaded.max_model_len
+        cfg = self.model_config
         self.layout = cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
-        self.plan = self._plan()
+        self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
+                            self.prefix_cache)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
                              prefix_cache=self.prefix_cache)
@@ -155,6 +134,8 @@ class Engine:
                         if self.overlap else None)
         self._inflight: _Launched | None = None
         self.requests: dict[str, Request] = {}
+        self.sample_stage = SampleStage(self.sampler, self.vocab_size, self.device,
+                                        self.eos_token_ids)
         self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids)
         self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
         self._ids = itertools.count()
@@ -174,28 +155,11 @@ class Engine:
 
     @faults.setter
     def faults(self, value: FaultInjector | None) -> None:
-        self.output.faults = value
+        self.output.faults = self.sample_stage.faults = value
 
     def _check_faults(self, stage: str, reqs: list[Request]) -> None:
         if self.output.faults is not None:
             self.output.faults.check(stage, [r.request_id for r in reqs])
-
-    def _plan(self) -> MemoryPlan:
-        c = self.config
-        dtype_bytes = DTYPE_BYTES[c.dtype]
-        budget = c.kv_memory_bytes
-        if budget is None and c.mem_fraction is not None:
-            budget = int(_free_memory_bytes(self.device) * c.mem_fraction)
-        budget = budget or DEFAULT_KV_MEMORY
-        window_cache = 0
-        if self.prefix_cache and self.layout.sliding_layers:
-            window_cache = (parse_bytes(c.window_cache_memory) if c.window_cache_memory
-                            else budget // 5)
-        return plan_memory(self.layout, budget, dtype_bytes,
-                           chunk_size=c.chunk_size, page_size=c.page_size,
-                           max_model_len=self.max_model_len,
-                           max_running_requests=c.max_running_requests,
-                           window_cache_bytes=window_cache)
 
     # -- requests --------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -366,7 +330,7 @@ class Engine:
         if prev is not None:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
-        rows, owners, failed = self._sampler_rows(prepared.sampled)
+        rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
         for s in batch.seqs:
             s.request.num_computed_tokens += s.num_tokens
             s.request.in_flight += 1
@@ -390,7 +354,7 @@ class Engine:
                 for (_, req), row, lg in zip(owners, rows, logits):
                     self.logits_log.append((req.request_id, row.position,
                                             lg.detach().float().cpu().clone()))
-            out = self._sample(logits, rows, owners)
+            out = self.sample_stage.sample(logits, rows, owners)
             return out, t2 - t1, time.perf_counter() - t2
 
         result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)
@@ -399,83 +363,11 @@ class Engine:
         self._scheduling = None
         return launched
 
-    def _sample(self, logits: torch.Tensor, rows: list[SamplerRow],
-                owners: list[tuple[int, Request]]) -> SamplerOutput:
-        """Sample the batch; if that raises, sample its rows one by one, so that a row's
-        fault fails its own request only (its neighbours' tokens do not change: greedy and
-        seeded rows are pure functions of their logits; unseeded ones draw fresh noise)."""
-        try:
-            self._check_faults("sampler", [r for _, r in owners])
-            return self.sampler(logits, rows)
-        except Exception as e:  # noqa: BLE001 - find the row at fault
-            log.warning("sampling a batch of %d failed (%s); sampling its rows one by one",
-                        len(rows), e)
-        parts: list[SamplerOutput | None] = []
-        failed: dict[int, BaseException] = {}
-        for j, ((_, req), row) in enumerate(zip(owners, rows)):
-            try:
-                self._check_faults("sampler", [req])
-                parts.append(self.sampler(logits[j:j + 1], [row]))
-            except Exception as e:  # noqa: BLE001 - this row's request fails alone
-                failed[j] = e
-                parts.append(None)
-        return SamplerOutput.join(parts, failed, self.device)
-
     def _chains(self, req: Request) -> bool:
         """Can the step after this one be built before this one's token is read back?"""
         p = req.params
         return (req.grammar is None and not p.stop and not has_penalty(p)
                 and req.request_id not in self._forks)
-
-    def _sampler_rows(self, sampled: list[ScheduledSeq]) -> tuple[
-            list[SamplerRow], list[tuple[int, Request]], dict[int, BaseException]]:
-        """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
-        prompt just completed (they share its logits row); and the rows whose grammar mask
-        failed (they are sampled unmasked and their requests fail)."""
-        rows, owners = [], []
-        for i, s in enumerate(sampled):
-            req = s.request
-            family = [req]
-            if req.num_generated == 0 and req.request_id in self._forks:
-                family += self._forks[req.request_id]
-            for r in family:
-                rows.append(self._row(r, s.start + s.num_tokens - 1))
-                owners.append((i, r))
-        failed: dict[int, BaseException] = {}
-        grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
-        if grammar_rows:
-            for j, bias in zip(grammar_rows, self._grammar_masks(owners, grammar_rows, failed)):
-                rows[j].grammar_bias = bias
-        return rows, owners, failed
-
-    def _grammar_masks(self, owners: list[tuple[int, Request]], idx: list[int],
-                       failed: dict[int, BaseException]) -> list[torch.Tensor | None]:
-        """The grammar rows' masks in one call, or row by row if that raises."""
-        matchers = [owners[j][1].grammar for j in idx]
-        try:
-            self._check_faults("grammar", [owners[j][1] for j in idx])
-            return mask_biases(matchers, self.vocab_size, self.device)
-        except Exception as e:  # noqa: BLE001 - find the row at fault
-            log.warning("grammar masks for %d rows failed (%s); one by one", len(idx), e)
-        masks: list[torch.Tensor | None] = []
-        for j, m in zip(idx, matchers):
-            try:
-                self._check_faults("grammar", [owners[j][1]])
-                masks.append(mask_biases([m], self.vocab_size, self.device)[0])
-            except Exception as e:  # noqa: BLE001 - this row's request fails alone
-                failed[j] = e
-                masks.append(None)
-        return masks
-
-    def _row(self, req: Request, position: int) -> SamplerRow:
-        suppress: list[int] = []
-        if req.num_generated < req.params.min_tokens:
-            # a grammar decides itself when the text may end
-            if not req.params.ignore_eos and req.grammar is None:
-                suppress = list(self.eos_token_ids)
-            suppress += list(req.params.stop_token_ids or [])
-        return SamplerRow(req.params, req.seed, position, req.prompt_token_ids,
-                          req.output_token_ids, suppress)
 
     def postprocess(self, batch: Batch, owners: list[tuple[int, Request]],
                     out: SamplerOutput, failed: dict[int, BaseException] | None = None
@@ -574,17 +466,3 @@ def _run_now(compute):
         failed: Future = Future()
         failed.set_exception(e)
         return failed
-
-
-def _free_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return DEFAULT_KV_MEMORY

@@ -1,0 +1,107 @@
+"""The sampling stage of a step: sampler rows for the sampled seqs (and the n > 1 siblings
+waiting on a prompt), grammar masks, and sampling that keeps a row's fault to its request.
+
+If the batch's masks or sampling raise, they are redone row by row and the rows that still
+raise are reported as failed; the others get the tokens they would have got anyway (greedy
+and seeded rows are pure functions of their logits; unseeded rows draw fresh noise).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from swaserve.engine.faults import FaultInjector
+from swaserve.engine.request import Request
+from swaserve.engine.scheduler import ScheduledSeq
+from swaserve.sampling.grammar import mask_biases
+from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
+
+log = logging.getLogger("swaserve")
+
+Owners = list[tuple[int, Request]]  # per sampler row: (its logits row, its request)
+
+
+class SampleStage:
+    def __init__(self, sampler: Sampler, vocab_size: int, device: torch.device,
+                 eos_token_ids: frozenset[int]):
+        self.sampler = sampler
+        self.vocab_size = vocab_size
+        self.device = device
+        self.eos_token_ids = eos_token_ids
+        self.faults: FaultInjector | None = None
+
+    def _check(self, stage: str, reqs: list[Request]) -> None:
+        if self.faults is not None:
+            self.faults.check(stage, [r.request_id for r in reqs])
+
+    def rows(self, sampled: list[ScheduledSeq], forks: dict[str, list[Request]]
+             ) -> tuple[list[SamplerRow], Owners, dict[int, BaseException]]:
+        """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
+        prompt just completed (they share its logits row); and the rows whose grammar mask
+        failed (they are sampled unmasked and their requests fail)."""
+        rows, owners = [], []
+        for i, s in enumerate(sampled):
+            req = s.request
+            family = [req]
+            if req.num_generated == 0 and req.request_id in forks:
+                family += forks[req.request_id]
+            for r in family:
+                rows.append(self._row(r, s.start + s.num_tokens - 1))
+                owners.append((i, r))
+        failed: dict[int, BaseException] = {}
+        grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
+        if grammar_rows:
+            for j, bias in zip(grammar_rows, self._grammar_masks(owners, grammar_rows, failed)):
+                rows[j].grammar_bias = bias
+        return rows, owners, failed
+
+    def _row(self, req: Request, position: int) -> SamplerRow:
+        suppress: list[int] = []
+        if req.num_generated < req.params.min_tokens:
+            # a grammar decides itself when the text may end
+            if not req.params.ignore_eos and req.grammar is None:
+                suppress = list(self.eos_token_ids)
+            suppress += list(req.params.stop_token_ids or [])
+        return SamplerRow(req.params, req.seed, position, req.prompt_token_ids,
+                          req.output_token_ids, suppress)
+
+    def _grammar_masks(self, owners: Owners, idx: list[int],
+                       failed: dict[int, BaseException]) -> list[torch.Tensor | None]:
+        """The grammar rows' masks in one call, or row by row if that raises."""
+        matchers = [owners[j][1].grammar for j in idx]
+        try:
+            self._check("grammar", [owners[j][1] for j in idx])
+            return mask_biases(matchers, self.vocab_size, self.device)
+        except Exception as e:  # noqa: BLE001 - find the row at fault
+            log.warning("grammar masks for %d rows failed (%s); one by one", len(idx), e)
+        masks: list[torch.Tensor | None] = []
+        for j, m in zip(idx, matchers):
+            try:
+                self._check("grammar", [owners[j][1]])
+                masks.append(mask_biases([m], self.vocab_size, self.device)[0])
+            except Exception as e:  # noqa: BLE001 - this row's request fails alone
+                failed[j] = e
+                masks.append(None)
+        return masks
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplerRow], owners: Owners
+               ) -> SamplerOutput:
+        """Sample the batch, or its rows one by one if that raises (`out.failed`)."""
+        try:
+            self._check("sampler", [r for _, r in owners])
+            return self.sampler(logits, rows)
+        except Exception as e:  # noqa: BLE001 - find the row at fault
+            log.warning("sampling a batch of %d failed (%s); sampling its rows one by one",
+                        len(rows), e)
+        parts: list[SamplerOutput | None] = []
+        failed: dict[int, BaseException] = {}
+        for j, ((_, req), row) in enumerate(zip(owners, rows)):
+            try:
+                self._check("sampler", [req])
+                parts.append(self.sampler(logits[j:j + 1], [row]))
+            except Exception as e:  # noqa: BLE001 - this row's request fails alone
+                failed[j] = e
+                parts.append(None)
+        return SamplerOutput.join(parts, failed, self.device)

@@ -66,52 +66,12 @@ def server(tiny_long_context):
     stop_server(proc)
 
 
-# -- bad input ---------------------------------------------------------------------------
-BAD = [  # (route, body, param named in the error)
-    ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": [], "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": [True], "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": [[1, 2], "x"], "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": [-1], "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": [10**9], "max_tokens": 4}, "prompt"),
-    ("completions", {"prompt": "hi", "max_tokens": 10**12}, "max_tokens"),
-    ("completions", {"prompt": "hi", "max_tokens": 10**30}, "max_tokens"),
-    ("completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ("completions", {"prompt": "hi", "n": 10000}, "n"),
-    ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
-    ("completions", {"prompt": "hi", "seed": 2**70}, "seed"),
-    ("completions", {"prompt": "hi", "temperature": "hot"}, "temperature"),
-    ("completions", {"prompt": "hi", "temperature": True}, "temperature"),
-    ("completions", {"prompt": "hi", "top_p": 0}, "top_p"),
-    ("completions", {"prompt": "hi", "stop": ["a"] * 17}, "stop"),
-    ("completions", {"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
-    ("completions", {"prompt": "hi", "stream": "yes"}, "stream"),
-    ("chat/completions", {"messages": []}, "messages"),
-    ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-     "messages.0.content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages.0.content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": 7}]}, "messages.0.content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 30,
-                          "logprobs": True}, "top_logprobs"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-     "top_logprobs"),
-]
-ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
-    ("completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0}),
-    ("completions", {"prompt": "hi", "max_tokens": 4, "temperature": 1e-50, "logprobs": 2}),
-    ("completions", {"prompt": "hi", "max_tokens": 4, "n": 20, "temperature": 1.0}),
-    ("completions", {"prompt": [[5, 6, 7]], "max_tokens": 4}),
-    ("chat/completions", {"messages": [{"role": "tool"}], "max_tokens": 4}),
-    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                          "logprobs": True}),
-    ("chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_tokens": 4}),
-]
+# -- bad input beside a stream -------------------------------------------------------------
+def test_bad_input_beside_a_stream_leaves_it_untouched(server):
+    """The field-by-field 400s are in test_server_inprocess.py; here a real stream runs
+    while malformed requests arrive, and it produces exactly what it produces alone."""
+    from test_server_inprocess import BAD, ODD_BUT_FINE
 
-
-def test_bad_input_is_a_400_naming_the_field_and_a_neighbour_stream_is_untouched(server):
     body = {"prompt": "A long story:", "max_tokens": 300, "temperature": 0, "stream": True,
             "ignore_eos": True}
 
@@ -127,27 +87,14 @@ def test_bad_input_is_a_400_naming_the_field_and_a_neighbour_stream_is_untouched
     t = threading.Thread(target=lambda: result.update(zip(("text", "events"), stream_text())))
     t.start()
     time.sleep(0.2)
-    for route, bad, param in BAD:
+    for route, bad, _ in BAD:
         r = httpx.post(f"{server}/v1/{route}", headers=AUTH, json=bad, timeout=60)
         assert r.status_code == 400, (bad, r.text)
-        err = r.json()["error"]
-        assert err["param"] == param, (bad, err)
-        assert err["type"] == "invalid_request_error" and err["message"].startswith(param)
     for route, odd in ODD_BUT_FINE:
-        r = httpx.post(f"{server}/v1/{route}", headers=AUTH, json=odd, timeout=60)
-        assert r.status_code == 200, (odd, r.text)
-        json.dumps(r.json(), allow_nan=False)  # strict JSON: no NaN or Infinity in logprobs
-    for raw, why in ((b'{"prompt": "\\ud800", "max_tokens": 2}', "lone surrogate"),
-                     (b'{"prompt": "abc", "max_tokens": 2,,}', "not valid JSON"),
-                     (b'[1, 2]', "request body")):
-        r = httpx.post(server + "/v1/completions", headers={**AUTH, "content-type":
-                       "application/json"}, content=raw, timeout=30)
-        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
-    assert httpx.post(server + "/v1/completions", headers=AUTH, content=b'{"prompt": "abc",,}',
-                      timeout=30).json()["error"]["param"] is None
+        assert httpx.post(f"{server}/v1/{route}", headers=AUTH, json=odd,
+                          timeout=60).status_code == 200
     t.join(120)
-    events = result["events"]
-    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert result["events"][-1]["choices"][0]["finish_reason"] == "length"
     assert result["text"] == alone  # exactly what it produced alone
 
 

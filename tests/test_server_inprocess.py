@@ -1,0 +1,129 @@
+"""The server's request handling in process (httpx's ASGI transport, a tiny model with a
+real tokenizer): every malformed body is a 400 naming its field, odd but valid ones are
+served, and the basics of both routes work. Milliseconds a request; the behaviour that
+needs a real socket (disconnects, signals, bursts) is in test_server_resilience.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+BAD = [  # (route, body, param named in the error)
+    ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": [], "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": [True], "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": [[1, 2], "x"], "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": [-1], "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": [10**9], "max_tokens": 4}, "prompt"),
+    ("completions", {"prompt": "hi", "max_tokens": 10**12}, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_tokens": 10**30}, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("completions", {"prompt": "hi", "n": 10000}, "n"),
+    ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ("completions", {"prompt": "hi", "seed": 2**70}, "seed"),
+    ("completions", {"prompt": "hi", "temperature": "hot"}, "temperature"),
+    ("completions", {"prompt": "hi", "temperature": True}, "temperature"),
+    ("completions", {"prompt": "hi", "top_p": 0}, "top_p"),
+    ("completions", {"prompt": "hi", "stop": ["a"] * 17}, "stop"),
+    ("completions", {"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ("completions", {"prompt": "hi", "stop_token_ids": [99999]}, "stop_token_ids"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, "stream"),
+    ("completions", {"prompt": "hi", "regex": "a("}, "regex"),
+    ("chat/completions", {"messages": []}, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 7}]}, "messages.0.content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 30,
+                          "logprobs": True}, "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs"),
+]
+ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
+    ("completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0}),
+    ("completions", {"prompt": "hi", "max_tokens": 4, "temperature": 1e-50, "logprobs": 2}),
+    ("completions", {"prompt": "hi", "max_tokens": 4, "n": 20, "temperature": 1.0}),
+    ("completions", {"prompt": [[5, 6, 7]], "max_tokens": 4}),
+    ("chat/completions", {"messages": [{"role": "tool"}], "max_tokens": 4}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                          "logprobs": True}),
+    ("chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_tokens": 4}),
+]
+
+
+@pytest.fixture(scope="module")
+def app(tiny_with_tokenizer):
+    from swaserve.engine.engine import Engine
+    from swaserve.server.app import create_app
+    from swaserve.server.async_engine import AsyncEngine
+
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", kv_memory="16MiB",
+                 max_running_requests=24, max_model_len=256)
+    aeng = AsyncEngine(eng)
+    yield create_app(aeng, "tiny")
+    aeng.shutdown()
+    assert eng.cache.is_fully_free()
+
+
+def call(app, requests: list[tuple[str, object]]) -> list[httpx.Response]:
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=60) as c:
+            return await asyncio.gather(*[
+                c.post(f"/v1/{route}", content=body.encode(),
+                       headers={"content-type": "application/json"})
+                if isinstance(body, str) else c.post(f"/v1/{route}", json=body)
+                for route, body in requests])
+    return asyncio.run(run())
+
+
+def test_every_malformed_body_is_a_400_naming_its_field(app):
+    for (_, body, param), r in zip(BAD, call(app, [(r, b) for r, b, _ in BAD])):
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param, (body, err)
+        assert err["type"] == "invalid_request_error" and err["message"].startswith(param)
+
+
+def test_odd_but_valid_bodies_are_served_in_strict_json(app):
+    for (_, body), r in zip(ODD_BUT_FINE, call(app, ODD_BUT_FINE)):
+        assert r.status_code == 200, (body, r.text)
+        json.dumps(r.json(), allow_nan=False)  # strict JSON: no NaN or Infinity in logprobs
+
+
+def test_bodies_that_are_not_json_objects(app):
+    raw = [("completions", '{"prompt": "\\ud800", "max_tokens": 2}'),
+           ("completions", '{"prompt": "abc", "max_tokens": 2,,}'),
+           ("completions", "[1, 2]")]
+    why = ["lone surrogate", "not valid JSON", "request body"]
+    for w, r in zip(why, call(app, raw)):
+        assert r.status_code == 400 and w in r.json()["error"]["message"], r.text
+    assert call(app, raw[1:2])[0].json()["error"]["param"] is None
+
+
+def test_both_routes_stream_and_not(app):
+    done = call(app, [("completions", {"prompt": "hello", "max_tokens": 6, "temperature": 0,
+                                       "ignore_eos": True}),
+                      ("completions", {"prompt": "hello", "max_tokens": 6, "temperature": 0,
+                                       "ignore_eos": True, "stream": True,
+                                       "stream_options": {"include_usage": True}}),
+                      ("chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 5, "n": 2, "stream": True})])
+    whole = done[0].json()["choices"][0]
+    assert whole["finish_reason"] == "length"
+    events = [json.loads(line[6:]) for line in done[1].text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole["text"]
+    assert events[-1]["usage"]["completion_tokens"] == 6
+    assert done[1].text.rstrip().endswith("data: [DONE]")
+    chat = [json.loads(line[6:]) for line in done[2].text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+    assert {c["choices"][0]["index"] for c in chat} == {0, 1}
+    assert chat[0]["choices"][0]["delta"]["role"] == "assistant"

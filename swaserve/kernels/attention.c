@@ -16,13 +16,12 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "flags.h"
 
 #ifdef __AVX512F__
 #include "simd.h"
 #endif
 
-#define MAX_GROUP 16  /* query heads per key/value head */
-#define MAX_DIM 512   /* head dim */
 
 #define KB 8  /* keys converted to float32 together: each q and accumulator load serves 8 */
 
@@ -56,7 +55,7 @@ static inline void prefetch_row(const uint16_t *row, int64_t d) {
 
 /* blk[t] = the float32 values of pool row keys[t], t < nb */
 static void widen_rows(const uint16_t *pool, const int64_t *keys, int64_t nb, int64_t d,
-                       int64_t slot_stride, float blk[][MAX_DIM]) {
+                       int64_t slot_stride, float blk[][ATTN_MAX_DIM]) {
     for (int64_t t = 0; t < nb; t++) {
         const uint16_t *r = pool + keys[t] * slot_stride;
 #pragma omp simd
@@ -67,9 +66,9 @@ static void widen_rows(const uint16_t *pool, const int64_t *keys, int64_t nb, in
 /* s[h * n + j] = scale * q_h . k_j for the n keys at slots keys[]. The cache rows come
  * from memory (a step reads every layer's keys once): the key rows a few keys ahead and
  * the value rows of the same keys are prefetched, so their latency overlaps the sums. */
-static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
+static void scores(const uint16_t *q, float qf[][ATTN_MAX_DIM], const uint16_t *k,
                    const uint16_t *v, const int64_t *keys, int64_t n, int64_t grp, int64_t d,
-                   int64_t slot_stride, float scale, float *s, float blk[][MAX_DIM]) {
+                   int64_t slot_stride, float scale, float *s, float blk[][ATTN_MAX_DIM]) {
 #ifdef __AVX512BF16__
     if (d % 32 == 0) {  /* bf16 pairs straight into float32 sums: no widening of the keys */
         for (int64_t j = 0; j < n; j++) {
@@ -106,7 +105,7 @@ static void scores(const uint16_t *q, float qf[][MAX_DIM], const uint16_t *k,
 /* acc[h] = sum_j p[h * n + j] v_j, float32, for the n value rows at slots keys[] */
 static void weighted_values(const uint16_t *v, const int64_t *keys, int64_t n, int64_t grp,
                             int64_t d, int64_t slot_stride, const float *s,
-                            float acc[][MAX_DIM], float blk[][MAX_DIM]) {
+                            float acc[][ATTN_MAX_DIM], float blk[][ATTN_MAX_DIM]) {
 #ifdef __AVX512F__
     if (d % 32 == 0) {  /* 32 dims of 4 heads in registers across all keys */
         for (int64_t h0 = 0; h0 < grp; h0 += 4) {
@@ -159,8 +158,8 @@ static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const i
                 const uint8_t *mask, const float *sinks, uint16_t *out, int64_t grp,
                 int64_t d, int64_t l, int64_t slot_stride, float scale, float *s,
                 int64_t *keys) {
-    float qf[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], blk[KB][MAX_DIM];
-    float mx[MAX_GROUP], sum[MAX_GROUP];
+    float qf[ATTN_MAX_GROUP][ATTN_MAX_DIM], acc[ATTN_MAX_GROUP][ATTN_MAX_DIM], blk[KB][ATTN_MAX_DIM];
+    float mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP];
     int64_t n = 0;  /* the attended keys' slots, in order */
     for (int64_t j = 0; j < l; j++)
         if (!mask || mask[j]) keys[n++] = slots[j];
@@ -191,7 +190,7 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
                           const float *sinks, uint16_t *out, int64_t b, int64_t h,
                           int64_t kvh, int64_t d, int64_t l, float scale, int threads) {
     const int64_t grp = h / kvh, jobs = b * kvh;
-    if (grp > MAX_GROUP || d > MAX_DIM || grp * kvh != h) return -1;
+    if (grp > ATTN_MAX_GROUP || d > ATTN_MAX_DIM || grp * kvh != h) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (jobs > 1 && jobs * l * d >= 16384)
     {

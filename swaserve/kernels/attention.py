@@ -10,7 +10,8 @@ import torch
 
 from swaserve.kernels import build
 
-MAX_GROUP, MAX_DIM = 16, 512  # the C kernel's per-head buffers
+MAX_GROUP = build.constants()["ATTN_MAX_GROUP"]  # the C kernel's per-head buffers
+MAX_DIM = build.constants()["ATTN_MAX_DIM"]
 
 
 def _load():

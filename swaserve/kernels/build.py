@@ -6,9 +6,11 @@ keep their torch path."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +27,14 @@ _functions: dict[tuple[str, str], object] = {}
 
 def cache_dir() -> Path:
     return cache_root() / "kernels"
+
+
+@functools.cache
+def constants() -> dict[str, int]:
+    """The shared flags and limits, read from flags.h (the one place they are written)."""
+    text = Path(__file__).with_name("flags.h").read_text()
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"^#define (\w+) (\d+)\b", text, re.M)}
 
 
 def load(name: str) -> ctypes.CDLL | None:

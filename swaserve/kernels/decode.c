@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "flags.h"
+
 typedef int (*q8_fn)(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
                      int flags, void *y, int64_t m, int64_t n, int64_t k, int threads);
 typedef void (*norm_fn)(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
@@ -73,7 +75,6 @@ typedef struct { /* scratch, each [m, its width] bf16 */
     uint16_t *h, *qkv, *q, *k, *attn, *o, *gu, *act, *down;
 } bufs_t;
 
-#define BF16_OUT 4 /* q8.c: y is bf16 */
 
 /* x [m, hidden] bf16, updated in place. 0 on success, else the failing kernel's code. */
 int decode_layers(const fns_t *f, const layer_t *layers, int64_t num_layers,
@@ -83,7 +84,7 @@ int decode_layers(const fns_t *f, const layer_t *layers, int64_t num_layers,
     const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, qkv_n = qs + 2 * kvs;
     int rc;
 #define Q8(w, in, out)                                                                    \
-    if ((rc = f->q8((in), (w).pq, (w).ps, (w).po, (int)(w).flags | BF16_OUT, (out), m,   \
+    if ((rc = f->q8((in), (w).pq, (w).ps, (w).po, (int)(w).flags | Q8_BF16_OUT, (out), m,   \
                     (w).n, (w).k, threads)))                                             \
         return rc;
     for (int64_t i = 0; i < num_layers; i++) {

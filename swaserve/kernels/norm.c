@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "flags.h"
 
-#define MAX_DIM 8192
 
 static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
@@ -35,7 +35,7 @@ static inline void norm_row(const float *row, const float *w, int64_t d, float e
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
                    int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
                    float eps) {
-    float row[MAX_DIM];
+    float row[NORM_MAX_DIM];
     for (int64_t o = 0; o < outer; o++) {
         for (int64_t i = 0; i < inner; i++) {
             const uint16_t *xr = x + o * stride_outer + i * stride_inner;
@@ -50,7 +50,7 @@ void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer
 void add_rms_norm_bf16(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
                        const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
                        int64_t d, float eps) {
-    float row[MAX_DIM], nd[MAX_DIM];
+    float row[NORM_MAX_DIM], nd[NORM_MAX_DIM];
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *dr = dl + r * ld;
         if (wd) {
@@ -82,7 +82,7 @@ void qk_norm_rope_bf16(const uint16_t *qkv, int64_t ld, const float *qw, const f
     const int64_t half = d / 2;
 #pragma omp parallel for num_threads(threads) if (t * (h + kvh) * d >= 65536) schedule(static)
     for (int64_t i = 0; i < t; i++) {
-        float row[MAX_DIM], n[MAX_DIM];
+        float row[NORM_MAX_DIM], n[NORM_MAX_DIM];
         const uint16_t *c = cos + i * ld_cs, *s = sin + i * ld_cs;
         for (int64_t j = 0; j < h + kvh; j++) {
             const int is_q = j < h;

@@ -11,7 +11,7 @@ import torch
 
 from swaserve.kernels import build
 
-MAX_DIM = 8192  # the C kernel's row buffers
+MAX_DIM = build.constants()["NORM_MAX_DIM"]  # the C kernel's row buffers
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 

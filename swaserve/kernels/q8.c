@@ -3,9 +3,9 @@
  * Products of activations with int8 weights that carry a float scale (and offset) per
  * group of inputs, the GGUF formats read exactly (kernels/q8.py). Each weight is read
  * once, as 1 byte plus its share of the scales, for every activation row of the call:
- * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to MAX_ROWS rows;
+ * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to Q8_MAX_ROWS rows;
  * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, up to
- *   VNNI_MAX_ROWS rows (the exact weights);
+ *   Q8_VNNI_MAX_ROWS rows (the exact weights);
  * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows.
  * Threads split the output features. Built at run time on the machine that runs it
  * (-O3 -march=native), so the loops vectorise with that machine's instructions.
@@ -13,13 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flags.h"
+
 #define BLOCK 32
-#define MAX_ROWS 8
 
 /* flags of the tile kernels (q8_vnni, q8_amx) */
-#define HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
-#define F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
-#define BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
 
 /* Threads: OpenMP, the runtime torch's CPU build uses, so the kernels run on torch's own
  * worker threads (compiled with -fopenmp, this library links the libgomp torch has
@@ -70,7 +68,7 @@ static void rows(const job_t *j, int64_t r) {
         j->y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
         return;
     }
-    __m512 a0[MAX_ROWS], a1[MAX_ROWS];
+    __m512 a0[Q8_MAX_ROWS], a1[Q8_MAX_ROWS];
     for (int64_t i = 0; i < j->m; i++) a0[i] = a1[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         widen(qr + b * BLOCK, dr[b], &w0, &w1);
@@ -88,7 +86,7 @@ static void rows(const job_t *j, int64_t r) {  /* portable: lane-wise, no cross-
     const int64_t nb = j->k / BLOCK;
     const int8_t *qr = j->q + r * j->k;
     const float *dr = j->d + r * nb;
-    float acc[MAX_ROWS][BLOCK] = {{0}};
+    float acc[Q8_MAX_ROWS][BLOCK] = {{0}};
     for (int64_t b = 0; b < nb; b++) {
         float w[BLOCK];
         for (int t = 0; t < BLOCK; t++) w[t] = dr[b] * (float)qr[b * BLOCK + t];
@@ -111,10 +109,10 @@ static void *run(void *arg) {
     return 0;
 }
 
-/* 0 on success; -1 for shapes it does not take (m > MAX_ROWS, k not a multiple of 32) */
+/* 0 on success; -1 for shapes it does not take (m > Q8_MAX_ROWS, k not a multiple of 32) */
 int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t m,
               int64_t n, int64_t k, int threads) {
-    if (m < 1 || m > MAX_ROWS || k % BLOCK != 0 || threads < 1) return -1;
+    if (m < 1 || m > Q8_MAX_ROWS || k % BLOCK != 0 || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     job_t jobs[MAX_THREADS];
     int64_t per = (n + threads - 1) / threads;
@@ -139,7 +137,6 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
 
 #include "simd.h"
 
-#define VNNI_MAX_ROWS 8
 
 typedef struct {
     const int16_t *xq;   /* [m, k] */
@@ -162,12 +159,12 @@ static inline __m512 vnni_scales(const void *ps, int i, int f16) {
 static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
                                                              const int M, const int A) {
     const int64_t nkb = j->k / 32;
-    const int halves = j->flags & HALVES, f16 = j->flags & F16_SCALES, groups = halves ? 2 : 1;
+    const int halves = j->flags & Q8_HALVES, f16 = j->flags & Q8_F16_SCALES, groups = halves ? 2 : 1;
     const int64_t per = halves ? 32 : 16, ngroups = nkb * groups;
     const int8_t *pq = j->pq + cb * nkb * 512;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
-    __m512 f[VNNI_MAX_ROWS];
+    __m512 f[Q8_VNNI_MAX_ROWS];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
         const int8_t *blk = pq + kb * 512;
@@ -176,7 +173,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
         for (int l = 0; l < 8; l++) _mm_prefetch((const char *)blk + 4096 + l * 64, _MM_HINT_T0);
         for (int h = 0; h < groups; h++) {
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
-            __m512i acc[VNNI_MAX_ROWS * A];
+            __m512i acc[Q8_VNNI_MAX_ROWS * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
             for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
                 for (int a = 0; a < A; a++) {
@@ -204,7 +201,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
         }
     }
     for (int i = 0; i < M; i++) {
-        if (j->flags & BF16_OUT)
+        if (j->flags & Q8_BF16_OUT)
             _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + i * j->n + cb * 16),
                                 to_bf16(f[i]));
         else
@@ -264,12 +261,12 @@ static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, in
         }
 }
 
-/* 0 on success; -1 for shapes it does not take (m > VNNI_MAX_ROWS, n % 16, k % 32) */
+/* 0 on success; -1 for shapes it does not take (m > Q8_VNNI_MAX_ROWS, n % 16, k % 32) */
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
             void *y, int64_t m, int64_t n, int64_t k, int threads) {
-    if (m < 1 || m > VNNI_MAX_ROWS || n % 16 || k % BLOCK || threads < 1) return -1;
+    if (m < 1 || m > Q8_VNNI_MAX_ROWS || n % 16 || k % BLOCK || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    const int64_t nkb = k / 32, group = flags & HALVES ? 16 : 32;
+    const int64_t nkb = k / 32, group = flags & Q8_HALVES ? 16 : 32;
     int16_t *xq = aligned_alloc(64, (size_t)(m * k * 2 + 63) / 64 * 64);
     float *xs = malloc((size_t)(m * nkb * 3 + 1) * sizeof(float));
     if (!xq || !xs) { free(xq); free(xs); return -1; }
@@ -324,11 +321,11 @@ typedef struct {
 typedef struct {
     const uint16_t *x;   /* bf16 [m, k] */
     const int8_t *pq;
-    const void *ps;      /* scales: float, or float16 with F16_SCALES */
+    const void *ps;      /* scales: float, or float16 with Q8_F16_SCALES */
     const float *po;     /* offsets (or NULL) */
-    void *y;             /* [m, n] float32, or bf16 with BF16_OUT */
+    void *y;             /* [m, n] float32, or bf16 with Q8_BF16_OUT */
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
-    int flags;           /* HALVES, F16_SCALES, BF16_OUT */
+    int flags;           /* Q8_HALVES, Q8_F16_SCALES, Q8_BF16_OUT */
     int rc;
 } amx_job_t;
 
@@ -338,7 +335,7 @@ typedef struct {
 #define STREAM_OUTPUTS (1 << 20) /* outputs from which y is written around the cache */
 
 static inline __m512 load_scales(const void *ps, int i, int flags) {
-    if (flags & F16_SCALES)
+    if (flags & Q8_F16_SCALES)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)ps + i)));
     return _mm512_loadu_ps((const float *)ps + i);
 }
@@ -351,7 +348,7 @@ static void widen_tile(const int8_t *pq, const void *ps, const float *po, int fl
     for (int l = 0; l < 8; l++)  /* the block 4 ahead: keeps the loads in flight */
         _mm_prefetch((const char *)pq + 2048 + l * 64, _MM_HINT_T0);
     for (int h = 0; h < 2; h++) {
-        const int g = flags & HALVES ? h * 16 : 0;
+        const int g = flags & Q8_HALVES ? h * 16 : 0;
         const __m512 s = load_scales(ps, g, flags);
         const __m512 slo = _mm512_permutexvar_ps(lo_idx, s), shi = _mm512_permutexvar_ps(hi_idx, s);
         const __m512 o = po ? _mm512_loadu_ps(po + g) : _mm512_setzero_ps();
@@ -431,8 +428,8 @@ static void *amx_run(void *arg) {
     for (int64_t cb = j->lo; cb < j->hi; cb += 2) {
         const int two = cb + 1 < j->hi;
         const int8_t *pq = j->pq + cb * nkb * 512;
-        const int64_t per = j->flags & HALVES ? 32 : 16;  /* scales a block */
-        const int64_t ssize = j->flags & F16_SCALES ? 2 : 4;
+        const int64_t per = j->flags & Q8_HALVES ? 32 : 16;  /* scales a block */
+        const int64_t ssize = j->flags & Q8_F16_SCALES ? 2 : 4;
         const char *ps = (const char *)j->ps + cb * nkb * per * ssize;
         const float *po = j->po ? j->po + cb * nkb * per : 0;
         if (whole)
@@ -471,7 +468,7 @@ static void *amx_run(void *arg) {
                 }
             }
             const int64_t at = m0 * j->n + cb * 16;
-            const int bf16 = j->flags & BF16_OUT;
+            const int bf16 = j->flags & Q8_BF16_OUT;
             store_c(bf16 ? (void *)((uint16_t *)j->y + at) : (void *)((float *)j->y + at), j->n,
                     rows0, rows1, two, stage, bf16, j->m * j->n >= STREAM_OUTPUTS);
         }

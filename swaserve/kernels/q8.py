@@ -32,16 +32,17 @@ import torch
 from swaserve.kernels import build
 
 BLOCK = 32
-MAX_ROWS = 8  # rows of activations one q8_matvec call takes (q8.c)
+MAX_ROWS = build.constants()["Q8_MAX_ROWS"]  # rows one q8_matvec call takes
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
 AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
-VNNI_MAX_ROWS = 8  # rows one q8_vnni call takes (q8.c)
+VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
 _MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
         + [ctypes.c_int])
-_HALVES, _F16_SCALES, _BF16_OUT = 1, 2, 4  # q8_amx flags (q8.c)
+_HALVES, _F16_SCALES, _BF16_OUT = (build.constants()[f"Q8_{n}"]  # the tile kernels' flags
+                                   for n in ("HALVES", "F16_SCALES", "BF16_OUT"))
 _amx_ok: bool | None = None
 _vnni_ok: bool | None = None
 
@@ -295,7 +296,7 @@ class Q8Weight:
 
     @property
     def tile_flags(self) -> int:
-        """The tile kernels' flags for this weight's scales (q8.c: HALVES, F16_SCALES)."""
+        """The tile kernels' flags for this weight's scales (flags.h: Q8_HALVES, Q8_F16_SCALES)."""
         return (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
 
     def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:

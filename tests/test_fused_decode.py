@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_WINDOW as W
 from conftest import int8_copy, random_prompt, tiny_engine, use_int8_copies
 
-from swaserve.kernels import decode, q8
+from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
@@ -33,7 +33,7 @@ def decode_runs(eng, prompts, tokens: int) -> tuple[list, list, int]:
         while eng.has_unfinished():
             eng.step()
         if on:
-            fused_steps = eng.model._fused[1].steps
+            fused_steps = eng.model.fused_decode_steps or 0
         runs.append([(r.output_token_ids, [lg for rid, _, lg in eng.logits_log
                                            if rid == r.request_id]) for r in reqs])
         assert eng.cache.is_fully_free()
@@ -69,7 +69,7 @@ def test_fused_layers_decline_what_they_do_not_run(tiny_hybrid):
     """float32, weights without int8 tiles and prefill steps keep the layers one by one."""
     eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=False)
     _, _, steps = decode_runs(eng, [random_prompt(6, 3)], 4)
-    assert not eng.model._fused[1].ok and steps == 0
+    assert eng.model.fused_decode_steps == 0 and steps == 0  # consulted, and it declined
     eng32 = tiny_engine(tiny_hybrid[0])  # float32: the parity path
     eng32.model.use_q8({f"{i}.{n}": int8_copy(getattr(layer, n).bfloat16())
                         for i, layer in enumerate(eng32.model.layers)
@@ -78,7 +78,7 @@ def test_fused_layers_decline_what_they_do_not_run(tiny_hybrid):
     assert steps == 0
     prefill_only = bf16_engine_with_int8_weights(tiny_hybrid[0])
     _, _, steps = decode_runs(prefill_only, [random_prompt(6, 3)], 1)
-    assert steps == 0 and isinstance(prefill_only.model._fused[1], decode.FusedDecode)
+    assert steps == 0 and prefill_only.model.fused_decode_steps == 0  # consulted, ran none
 
 
 def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybrid):
@@ -101,7 +101,7 @@ def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybri
         while eng.has_unfinished():
             eng.step()
         assert second.num_cached_tokens > 13 + W  # decoded tokens came from the cache
-        assert (eng.model._fused is not None and eng.model._fused[1].steps > 0) == on
+        assert bool(eng.model.fused_decode_steps) == on
         runs.append((first.output_token_ids, second.output_token_ids,
                      [lg for _, _, lg in eng.logits_log]))
         eng.check_integrity()

@@ -75,12 +75,12 @@ def test_free_rows_chain_and_grammar_rows_do_not(tiny_with_tokenizer):
     eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     eng.step()  # prefill, read back; the first decode is already launched behind it
     eng.step()
-    assert eng._inflight is not None and eng._inflight.chain_safe
+    assert eng.step_in_flight is not None and eng.step_in_flight.chain_safe
     eng.add_request([8, 9], SamplingParams(temperature=0, max_tokens=8, json_schema=SCHEMA))
-    while eng._inflight is None or not any(
-            r.grammar is not None for _, r in eng._inflight.owners):
+    while eng.step_in_flight is None or not any(
+            r.grammar is not None for _, r in eng.step_in_flight.owners):
         eng.step()
-    assert not eng._inflight.chain_safe
+    assert not eng.step_in_flight.chain_safe
     eng.settle()
     while eng.has_unfinished():
         eng.step()
@@ -100,7 +100,7 @@ def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer
     while not req.is_finished:
         eng.step()
     assert req.output_token_ids == first[:first.index(stop_at) + 1]
-    assert eng._inflight is not None and req.row is not None  # held by the step in flight
+    assert eng.step_in_flight is not None and req.row is not None  # held by the step in flight
     eng.check_integrity()
     eng.settle()
     assert req.row is None and eng.cache.is_fully_free()
@@ -109,6 +109,8 @@ def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer
 def test_overlap_is_off_by_default_on_a_cpu_and_on_when_asked(tiny_with_tokenizer):
     """On a CPU the forward keeps every core busy and host work beside it only slows it
     (benchmarks/README.md): off unless asked for."""
-    assert LLM(tiny_with_tokenizer, dtype="float32").engine._worker is None
+    assert LLM(tiny_with_tokenizer, dtype="float32").engine.overlap is False
     eng = LLM(tiny_with_tokenizer, dtype="float32", overlap=True).engine
-    assert eng.overlap and eng._worker is not None
+    eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    eng.step()
+    assert eng.overlap and eng.step_in_flight is not None  # the next step computes already

@@ -278,8 +278,8 @@ def test_fused_decode_layers_are_the_layers_bits_on_the_real_model():
             eng.logits_log = []
             outs = llm.generate(prompts, params)
             runs.append(([o.token_ids for o in outs], [lg for _, _, lg in eng.logits_log]))
-        assert eng.model._fused[1].steps >= steps + 9  # every decode step of the first run
-        steps = eng.model._fused[1].steps
+        assert eng.model.fused_decode_steps >= steps + 9  # every decode step of the first run
+        steps = eng.model.fused_decode_steps
         assert runs[0][0] == runs[1][0] and len(runs[0][1]) == 10 * n
         assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 

@@ -149,6 +149,12 @@ class Engine:
         self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
 
     @property
+    def step_in_flight(self) -> _Launched | None:
+        """With overlap: the step launched and still computing (its `batch`, `owners` and
+        whether it was `chain_safe`), else None."""
+        return self._inflight
+
+    @property
     def faults(self) -> FaultInjector | None:
         """A test hook (engine/faults.py): stages raise for the requests it names."""
         return self.output.faults

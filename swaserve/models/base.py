@@ -124,6 +124,14 @@ class CausalLM(nn.Module):
             self._logits_out = torch.empty(max(rows, AMX_ROWS) * n, dtype=torch.float32)
         return self._logits_out[:rows * n].view(rows, n)
 
+    @property
+    def fused_decode_steps(self) -> int | None:
+        """Decode steps the fused call ran since it was (re)built; None before any decode
+        step asked for it, 0 when it declines this model's layers."""
+        if self._fused is None:
+            return None
+        return self._fused[1].steps if self._fused[1].ok else 0
+
     def _fused_layers(self, x: torch.Tensor, rope: dict, ctx: ForwardContext
                       ) -> torch.Tensor | None:
         """All layers of a decode step in one C call where the family and the step allow

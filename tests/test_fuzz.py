@@ -6,9 +6,8 @@ number of examples per route, on a tiny model with a short context."""
 from __future__ import annotations
 
 import pytest
+import schemathesis
 from hypothesis import HealthCheck, settings
-
-schemathesis = pytest.importorskip("schemathesis")
 
 EXAMPLES = 60
 

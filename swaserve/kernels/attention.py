@@ -14,7 +14,7 @@ MAX_GROUP = build.constants()["ATTN_MAX_GROUP"]  # the C kernel's per-head buffe
 MAX_DIM = build.constants()["ATTN_MAX_DIM"]
 
 
-def _load():
+def entry():
     return build.function("attention", "decode_attention_bf16", ctypes.c_int,
                           [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6
                           + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int])
@@ -34,7 +34,7 @@ def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
             or not v_pool.is_contiguous() or k_pool.shape != v_pool.shape
             or k_pool.shape[2] != d or slots.dtype != torch.int64 or slots.dim() != 2):
         return None
-    fn = _load()
+    fn = entry()
     if fn is None:
         return None
     slots = slots.contiguous()

@@ -1,10 +1,8 @@
 """A decode step's decoder layers in one C call (`decode.c`) for Gemma-3-shaped layers:
 the same kernels as the Python layers, in the same order, so the same bits, without the
-~0.25 ms of Python and torch between them a layer (a fifth of a batch-1 step).
-
-`FusedDecode.run` returns None for any step it does not take — not a pure decode step,
-a kernel missing, weights without int8 tiles, batch-invariant row blocks — and the model
-then runs its layers one by one.
+Python and torch between them. A leaf: the structs decode.c reads (weights, norms and
+cache buffers by address, per attention kind the step's slots, masks and RoPE rows), the
+entry points it calls, and the call. models/fused_decode.py fills them from a model.
 """
 
 from __future__ import annotations
@@ -14,41 +12,40 @@ import ctypes
 import torch
 
 from swaserve.kernels import attention, build, gelu, norm, q8
-from swaserve.memory.layout import LayerKind
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-class _Fns(ctypes.Structure):
+class Fns(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
 
 
-class _Q8W(ctypes.Structure):
+class Q8W(ctypes.Structure):
     _fields_ = [("pq", _P), ("ps", _P), ("po", _P), ("flags", _I), ("n", _I), ("k", _I)]
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = ([(name, _Q8W) for name in ("qkv", "o", "gate_up", "down")]
+class LayerPtrs(ctypes.Structure):
+    _fields_ = ([(name, Q8W) for name in ("qkv", "o", "gate_up", "down")]
                 + [(name, _P) for name in ("attn_norm", "q_norm", "k_norm", "post_attn_norm",
                                            "ffn_norm", "post_ffn_norm", "k_pool", "v_pool",
                                            "kw_pool", "vw_pool")]
                 + [("kind", _I)])
 
 
-class _Kind(ctypes.Structure):
+class KindPtrs(ctypes.Structure):
     _fields_ = [("write_slots", _P), ("key_slots", _P), ("mask", _P), ("keys", _I),
                 ("cos", _P), ("sin", _P), ("page_rows", _P), ("page_slots", _P),
                 ("num_page_writes", _I)]
 
 
-_BUFS = ("h", "qkv", "q", "k", "attn", "o", "gu", "act", "down")
+BUFS = ("h", "qkv", "q", "k", "attn", "o", "gu", "act", "down")  # scratch, [m, width] bf16
 
 
-class _Bufs(ctypes.Structure):
-    _fields_ = [(name, _P) for name in _BUFS]
+class Bufs(ctypes.Structure):
+    _fields_ = [(name, _P) for name in BUFS]
 
 
-def _address(fn) -> int | None:
+def address(fn) -> int | None:
     return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
 
 
@@ -58,129 +55,31 @@ def _entry():
                           + [ctypes.c_int])
 
 
-class FusedDecode:
-    """Built once for a model's layers and its attention backend's cache."""
+TILE_KERNELS = {"vnni": q8.vnni_entry, "amx": q8.amx_entry}
 
-    def __init__(self, layers, backend):
-        first = layers[0]
-        self.heads, self.kv_heads, self.head_dim = (first.num_heads, first.num_kv_heads,
-                                                    first.head_dim)
-        self.hidden = first.o.shape[0]
-        self.eps = first.eps
-        self.num_layers = len(layers)
-        self.ok = self._build(layers, backend)
-        self.steps = 0  # steps run here
-        self._bufs: dict[int, tuple[list[torch.Tensor], _Bufs]] = {}
 
-    def _build(self, layers, backend) -> bool:
-        names = ("qkv", "o", "gate_up", "down")
-        if any(not all(n in layer.q8 and layer.q8[n].tiled for n in names) for layer in layers):
-            return False
-        common = [norm._norm(), norm._add_norm(), norm._rope(), attention._load(), gelu._load()]
-        if _entry() is None or any(fn is None for fn in common):
-            return False
-        if (self.heads % self.kv_heads or self.heads // self.kv_heads > attention.MAX_GROUP
-                or self.head_dim > attention.MAX_DIM or self.head_dim % 2):
-            return False
-        self._common = [_address(fn) for fn in common]
-        self._keep = []  # tensors whose addresses the structs hold
-        arr = (_Layer * len(layers))()
-        for i, layer in enumerate(layers):
-            kind = backend.layout.layers[i].kind
-            full = kind is LayerKind.FULL
-            pool = backend.cache.full if full else backend.cache.window
-            dense = backend._dense[i]
-            k_pool, v_pool = pool.k[dense], pool.v[dense]
-            if not (k_pool.is_contiguous() and v_pool.is_contiguous()
-                    and k_pool.dtype == torch.bfloat16):
-                return False
-            weights = {}
-            for n in names:
-                w = layer.q8[n]
-                weights[n] = _Q8W(w.q.data_ptr(), w.scales.data_ptr(),
-                                  0 if w.offsets is None else w.offsets.data_ptr(),
-                                  w.tile_flags, w.shape[0], w.shape[1])
-            norms = {}
-            for n in ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm",
-                      "post_ffn_norm"):
-                p = getattr(layer, n, None)
-                if p is None or p.dtype != torch.float32 or not p.is_contiguous():
-                    return False
-                norms[n] = p.data_ptr()
-            pages = backend.cache.window_pages if not full else None
-            kw = vw = None
-            if pages is not None:
-                kw, vw = pages.k[dense], pages.v[dense]
-                if not (kw.is_contiguous() and vw.is_contiguous()):
-                    return False
-            arr[i] = _Layer(**weights, **norms, k_pool=k_pool.data_ptr(),
-                            v_pool=v_pool.data_ptr(),
-                            kw_pool=None if kw is None else kw.data_ptr(),
-                            vw_pool=None if vw is None else vw.data_ptr(), kind=int(full))
-            self._keep += [k_pool, v_pool, kw, vw]
-        self._layers = arr
-        return True
+def entry_points(tile_kernel: str) -> Fns | None:
+    """The kernels decode.c calls, with `tile_kernel` ("vnni" or "amx") for the matmuls;
+    None when one of them (or decode.c itself) cannot be built here."""
+    fns = [TILE_KERNELS[tile_kernel](), norm.norm_entry(), norm.add_norm_entry(),
+           norm.rope_entry(), attention.entry(), gelu.entry()]
+    if _entry() is None or any(fn is None for fn in fns):
+        return None
+    return Fns(*(address(fn) for fn in fns))
 
-    def _buffers(self, m: int) -> _Bufs:
-        if m not in self._bufs:
-            qs, kvs = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            inter = self._layers[0].gate_up.n // 2
-            widths = {"h": self.hidden, "qkv": qs + 2 * kvs, "q": qs, "k": kvs, "attn": qs,
-                      "o": self.hidden, "gu": 2 * inter, "act": inter, "down": self.hidden}
-            ts = [torch.empty(m, widths[n], dtype=torch.bfloat16) for n in _BUFS]
-            self._bufs[m] = (ts, _Bufs(*(t.data_ptr() for t in ts)))
-        return self._bufs[m][1]
 
-    def run(self, x: torch.Tensor, rope: dict[bool, tuple[torch.Tensor, torch.Tensor]],
-            ctx, scale: float) -> torch.Tensor | None:
-        """x [m, hidden] bf16 after the embedding (updated in place) -> x after the last
-        layer; None when this step is not one it takes (nothing was written then)."""
-        if not self.ok or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-            return None
-        if ctx.row_block is not None or len(ctx.groups) != 1:
-            return None
-        g = ctx.groups[0]
-        m = x.shape[0]
-        if not g.decode or g.batch != m or not x.is_contiguous():
-            return None
-        kernel = {"vnni": q8._vnni, "amx": q8._amx}.get(q8.tile_kernel(m, ctx.q8_kernel))
-        if kernel is None:
-            return None
-        kinds = (_Kind * 2)()
-        keep = []  # the tensors whose addresses `kinds` holds, alive through the call
-        page_rows = page_slots = None
-        if ctx.window_write is not None:
-            page_rows, page_slots = (t.contiguous() for t in ctx.window_write)
-            keep += [page_rows, page_slots]
-        for kind, (view, write, sliding) in enumerate(((g.sliding, ctx.ring_slots, True),
-                                                      (g.full, ctx.full_slots, False))):
-            if view is None:
-                continue
-            if view.fresh or view.key_slots is None or view.key_slots.dtype != torch.int64:
-                return None
-            cos, sin = rope[sliding]
-            if not (cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.bfloat16
-                    and cos.shape == (m, self.head_dim) and sin.shape == cos.shape):
-                return None
-            slots = view.key_slots.contiguous()
-            keys = slots.shape[1]
-            mask = None
-            if view.mask is not None:
-                mask = view.mask.reshape(m, keys).contiguous().view(torch.uint8)
-            write = write.contiguous()
-            keep += [slots, mask, write]
-            pages = sliding and page_rows is not None
-            kinds[kind] = _Kind(write.data_ptr(), slots.data_ptr(),
-                                0 if mask is None else mask.data_ptr(), keys,
-                                cos.data_ptr(), sin.data_ptr(),
-                                page_rows.data_ptr() if pages else 0,
-                                page_slots.data_ptr() if pages else 0,
-                                page_rows.numel() if pages else 0)
-        fns = _Fns(_address(kernel()), *self._common)
-        rc = _entry()(ctypes.byref(fns), self._layers, self.num_layers, kinds, x.data_ptr(),
-                      ctypes.byref(self._buffers(m)), m, self.hidden, self.heads,
-                      self.kv_heads, self.head_dim, self.eps, scale, torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"decode_layers failed in a kernel (code {rc})")
-        self.steps += 1
-        return x
+def heads_fit(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """The attention kernel's per-head buffers hold these shapes."""
+    return (heads % kv_heads == 0 and heads // kv_heads <= attention.MAX_GROUP
+            and head_dim <= attention.MAX_DIM and head_dim % 2 == 0)
+
+
+def decode_layers(fns: Fns, layers, num_layers: int, kinds, x: torch.Tensor, bufs: Bufs,
+                  hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                  scale: float) -> None:
+    """Run `num_layers` layers on x [m, hidden] bf16, in place."""
+    rc = _entry()(ctypes.byref(fns), layers, num_layers, kinds, x.data_ptr(), ctypes.byref(bufs),
+                  x.shape[0], hidden, heads, kv_heads, head_dim, eps, scale,
+                  torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"decode_layers failed in a kernel (code {rc})")

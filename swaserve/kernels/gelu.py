@@ -11,7 +11,7 @@ import torch
 from swaserve.kernels import build
 
 
-def _load():
+def entry():
     return build.function("gelu", "gelu_tanh_mul_bf16", None,
                           [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
@@ -22,7 +22,7 @@ def gelu_tanh_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor | None:
     if (gate_up.dtype != torch.bfloat16 or gate_up.device.type != "cpu" or gate_up.dim() != 2
             or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2):
         return None
-    fn = _load()
+    fn = entry()
     if fn is None:
         return None
     rows, d = gate_up.shape[0], gate_up.shape[1] // 2

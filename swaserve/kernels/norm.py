@@ -16,16 +16,16 @@ MAX_DIM = build.constants()["NORM_MAX_DIM"]  # the C kernel's row buffers
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-def _norm():
+def norm_entry():
     return build.function("norm", "rms_norm_bf16", None, [_P] * 3 + [_I] * 5 + [ctypes.c_float])
 
 
-def _add_norm():
+def add_norm_entry():
     return build.function("norm", "add_rms_norm_bf16", None,
                           [_P, _P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_float])
 
 
-def _rope():
+def rope_entry():
     return build.function("norm", "qk_norm_rope_bf16", None,
                           [_P, _I, _P, _P, _P, _P, _I, _P, _P] + [_I] * 4
                           + [ctypes.c_float, ctypes.c_int])
@@ -41,7 +41,7 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     """x [..., D] bf16 on the CPU (last dim contiguous, at most 3 dims), weight float32 [D]."""
     if not _takes(x, weight) or x.dim() not in (2, 3):
         return None
-    fn = _norm()
+    fn = norm_entry()
     if fn is None:
         return None
     d = x.shape[-1]
@@ -60,7 +60,7 @@ def add_rms_norm_bf16(x: torch.Tensor, delta: torch.Tensor, w_delta: torch.Tenso
     if (not _takes(delta, w_delta, w_next) or x.dtype != torch.bfloat16 or x.dim() != 2
             or not x.is_contiguous() or delta.shape != x.shape):
         return None
-    fn = _add_norm()
+    fn = add_norm_entry()
     if fn is None:
         return None
     x_out = torch.empty_like(x)
@@ -84,7 +84,7 @@ def qk_norm_rope_bf16(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: in
             or cos.shape != (t, head_dim) or sin.shape != cos.shape
             or cos.stride() != sin.stride() or cos.stride(-1) != 1):
         return None
-    fn = _rope()
+    fn = rope_entry()
     if fn is None:
         return None
     q = torch.empty(t, heads, head_dim, dtype=torch.bfloat16)

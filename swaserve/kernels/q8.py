@@ -52,11 +52,11 @@ def _matvec():
     return build.function("q8", "q8_matvec", ctypes.c_int, _MATVEC)
 
 
-def _amx():
+def amx_entry():
     return build.function("q8", "q8_amx", ctypes.c_int, _AMX)
 
 
-def _vnni():
+def vnni_entry():
     return build.function("q8", "q8_vnni", ctypes.c_int, _AMX)
 
 
@@ -80,7 +80,7 @@ def amx_available() -> bool:
     (checked once)."""
     global _amx_ok
     if _amx_ok is None:
-        _amx_ok = _works(_amx())
+        _amx_ok = _works(amx_entry())
     return _amx_ok
 
 
@@ -88,7 +88,7 @@ def vnni_available() -> bool:
     """The kernel was built with AVX-512 VNNI (checked once)."""
     global _vnni_ok
     if _vnni_ok is None:
-        _vnni_ok = _works(_vnni())
+        _vnni_ok = _works(vnni_entry())
     return _vnni_ok
 
 
@@ -285,7 +285,7 @@ class Q8Weight:
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
             kernel = tile_kernel(x.shape[0], kernel, best_only=False)
-            fn = _vnni() if kernel == "vnni" else _amx() if kernel == "amx" else None
+            fn = vnni_entry() if kernel == "vnni" else amx_entry() if kernel == "amx" else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)
         sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
-from swaserve.kernels.decode import FusedDecode
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import AMX_ROWS, Q8Weight
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import ForwardContext
+from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
 
@@ -135,7 +135,7 @@ class CausalLM(nn.Module):
     def _fused_layers(self, x: torch.Tensor, rope: dict, ctx: ForwardContext
                       ) -> torch.Tensor | None:
         """All layers of a decode step in one C call where the family and the step allow
-        (kernels/decode.py): the same bits as the layers one by one."""
+        (models/fused_decode.py, kernels/decode.c): the same bits as the layers one by one."""
         if not self.fused_decode or not isinstance(self.attn, SDPABackend):
             return None
         if self._fused is None or self._fused[0] is not self.attn:

@@ -301,3 +301,28 @@ def test_an_unwritable_cache_leaves_the_kernel_off_not_the_engine_broken(tmp_pat
 
     source = Path(q8.__file__).with_name("q8.c")
     assert build.compile_library("cc", source, blocker / "kernels" / "q8.so") is False
+
+
+def test_one_header_holds_every_kernels_signature_and_flags():
+    """kernels.h is the one place for prototypes and shared flags: every exported symbol of
+    every kernel library is declared there, and the bindings take their types from it."""
+    import re
+    from pathlib import Path
+
+    from swaserve.kernels import build
+
+    sig = build.signatures()
+    here = Path(q8.__file__).parent
+    for c in sorted(here.glob("*.c")):
+        text = re.sub(r"/\*.*?\*/", "", c.read_text(), flags=re.S)
+        exported = re.findall(r"^(?:int|void) (\w+)\(", text, re.M)
+        assert exported and set(exported) <= set(sig), (c.name, set(exported) - set(sig))
+        lib = build.load(c.stem)
+        if lib is None:
+            continue
+        for name in set(exported):
+            fn = build.function(c.stem, name)
+            assert fn.argtypes == sig[name][1] and fn.restype == sig[name][0]
+    flags = build.constants()
+    assert flags["Q8_BF16_OUT"] == 4 and q8.MAX_ROWS == flags["Q8_MAX_ROWS"]
+    assert len(sig["decode_layers"][1]) == 14 and sig["rms_norm_bf16"][0] is None

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
-#include "flags.h"
+#include "kernels.h"
 
 #ifdef __AVX512F__
 #include "simd.h"

@@ -4,8 +4,6 @@ for SDPA."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from swaserve.kernels import build
@@ -15,9 +13,7 @@ MAX_DIM = build.constants()["ATTN_MAX_DIM"]
 
 
 def entry():
-    return build.function("attention", "decode_attention_bf16", ctypes.c_int,
-                          [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 6
-                          + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int])
+    return build.function("attention", "decode_attention_bf16")
 
 
 def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,

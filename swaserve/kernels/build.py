@@ -29,12 +29,32 @@ def cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
+_CTYPES = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
+
+
+def _header() -> str:
+    return Path(__file__).with_name("kernels.h").read_text()
+
+
 @functools.cache
 def constants() -> dict[str, int]:
-    """The shared flags and limits, read from flags.h (the one place they are written)."""
-    text = Path(__file__).with_name("flags.h").read_text()
+    """The shared flags and limits, read from kernels.h (the one place they are written)."""
     return {m.group(1): int(m.group(2))
-            for m in re.finditer(r"^#define (\w+) (\d+)\b", text, re.M)}
+            for m in re.finditer(r"^#define (\w+) (\d+)\b", _header(), re.M)}
+
+
+@functools.cache
+def signatures() -> dict[str, tuple[object, list]]:
+    """symbol -> (restype, argtypes) for ctypes, from the prototypes in kernels.h."""
+    out = {}
+    text = re.sub(r"/\*.*?\*/", "", _header(), flags=re.S)
+    for ret, name, args in re.findall(r"^(int|void) (\w+)\(([^)]*)\);", text, re.M):
+        argtypes = []
+        for arg in args.split(","):
+            words = arg.replace("const ", "").replace("struct ", "").split()
+            argtypes.append(ctypes.c_void_p if "*" in arg else _CTYPES[words[0]])
+        out[name] = (_CTYPES.get(ret), argtypes)
+    return out
 
 
 def load(name: str) -> ctypes.CDLL | None:
@@ -45,17 +65,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return _loaded[name]
 
 
-def function(library: str, symbol: str, restype, argtypes: list):
-    """`symbol` of kernel `library` with its C signature set, or None when it cannot be
-    built here. Looked up once: kernels are called ~100 times a decode step, and the
-    library lock and signature setting cost more than a small kernel's work."""
+def function(library: str, symbol: str):
+    """`symbol` of kernel `library` with its C signature (from kernels.h) set, or None when
+    it cannot be built here. Looked up once: kernels are called ~100 times a decode step,
+    and the library lock and signature setting cost more than a small kernel's work."""
     key = (library, symbol)
     fn = _functions.get(key)
     if fn is None and key not in _functions:
         lib = load(library)
         if lib is not None:
             fn = getattr(lib, symbol)
-            fn.restype, fn.argtypes = restype, argtypes
+            fn.restype, fn.argtypes = signatures()[symbol]
         _functions[key] = fn
     return fn
 

@@ -16,28 +16,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "flags.h"
+#include "kernels.h"
 
-typedef int (*q8_fn)(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
-                     int flags, void *y, int64_t m, int64_t n, int64_t k, int threads);
-typedef void (*norm_fn)(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
-                        int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
-                        float eps);
-typedef void (*add_norm_fn)(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
-                            const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
-                            int64_t d, float eps);
-typedef void (*rope_fn)(const uint16_t *qkv, int64_t ld, const float *qw, const float *kw,
-                        const uint16_t *cos, const uint16_t *sin, int64_t ld_cs,
-                        uint16_t *q_out, uint16_t *k_out, int64_t t, int64_t h, int64_t kvh,
-                        int64_t d, float eps, int threads);
-typedef int (*attn_fn)(const uint16_t *q, int64_t q_stride, const uint16_t *k,
-                       const uint16_t *v, const int64_t *slots, const uint8_t *mask,
-                       const float *sinks, uint16_t *out, int64_t b, int64_t h, int64_t kvh,
-                       int64_t d, int64_t l, float scale, int threads);
-typedef void (*gelu_fn)(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t d, int64_t ld,
-                        int threads);
+/* the kernels it calls, typed by their prototypes in kernels.h */
+typedef __typeof__(&q8_amx) q8_fn;
+typedef __typeof__(&rms_norm_bf16) norm_fn;
+typedef __typeof__(&add_rms_norm_bf16) add_norm_fn;
+typedef __typeof__(&qk_norm_rope_bf16) rope_fn;
+typedef __typeof__(&decode_attention_bf16) attn_fn;
+typedef __typeof__(&gelu_tanh_mul_bf16) gelu_fn;
 
-typedef struct {
+typedef struct decode_fns {
     q8_fn q8;  /* the int8 kernel for this step's row count */
     norm_fn norm;
     add_norm_fn add_norm;
@@ -53,7 +42,7 @@ typedef struct { /* an int8 weight in tile order (q8.py), [n, k] */
     int64_t flags, n, k;
 } q8w_t;
 
-typedef struct {
+typedef struct decode_layer {
     q8w_t qkv, o, gate_up, down;
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
     uint16_t *k_pool, *v_pool; /* [S, KVH, D] */
@@ -61,7 +50,7 @@ typedef struct {
     int64_t kind;              /* which `kind_t` of the step: 0 sliding, 1 full */
 } layer_t;
 
-typedef struct { /* per attention kind, for this step */
+typedef struct decode_kind { /* per attention kind, for this step */
     const int64_t *write_slots; /* [m]: where each row's new k and v go */
     const int64_t *key_slots;   /* [m, keys] */
     const uint8_t *mask;        /* [m, keys] or NULL */
@@ -71,16 +60,16 @@ typedef struct { /* per attention kind, for this step */
     int64_t num_page_writes;
 } kind_t;
 
-typedef struct { /* scratch, each [m, its width] bf16 */
+typedef struct decode_bufs { /* scratch, each [m, its width] bf16 */
     uint16_t *h, *qkv, *q, *k, *attn, *o, *gu, *act, *down;
 } bufs_t;
 
 
 /* x [m, hidden] bf16, updated in place. 0 on success, else the failing kernel's code. */
-int decode_layers(const fns_t *f, const layer_t *layers, int64_t num_layers,
-                  const kind_t *kinds, uint16_t *x, const bufs_t *b, int64_t m,
-                  int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                  float eps, float scale, int threads) {
+int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
+                  int64_t num_layers, const struct decode_kind *kinds, uint16_t *x,
+                  const struct decode_bufs *b, int64_t m, int64_t hidden, int64_t heads,
+                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads) {
     const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, qkv_n = qs + 2 * kvs;
     int rc;
 #define Q8(w, in, out)                                                                    \

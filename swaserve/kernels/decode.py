@@ -50,9 +50,7 @@ def address(fn) -> int | None:
 
 
 def _entry():
-    return build.function("decode", "decode_layers", ctypes.c_int,
-                          [_P, _P, _I, _P, _P, _P] + [_I] * 5 + [ctypes.c_float] * 2
-                          + [ctypes.c_int])
+    return build.function("decode", "decode_layers")
 
 
 TILE_KERNELS = {"vnni": q8.vnni_entry, "amx": q8.amx_entry}

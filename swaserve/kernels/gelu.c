@@ -14,6 +14,7 @@
 #define K1 0.044715f
 
 #include "bf16.h"
+#include "kernels.h"
 
 static inline float gelu_scalar(float x) {
     const float u = K0 * (x + K1 * x * x * x);

@@ -4,16 +4,13 @@ chunk."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from swaserve.kernels import build
 
 
 def entry():
-    return build.function("gelu", "gelu_tanh_mul_bf16", None,
-                          [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+    return build.function("gelu", "gelu_tanh_mul_bf16")
 
 
 def gelu_tanh_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor | None:

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
-#include "flags.h"
+#include "kernels.h"
 
 
 static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }

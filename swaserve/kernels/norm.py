@@ -5,30 +5,24 @@ the inputs are not a layout it takes; callers then run torch."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from swaserve.kernels import build
 
 MAX_DIM = build.constants()["NORM_MAX_DIM"]  # the C kernel's row buffers
 
-_P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def norm_entry():
-    return build.function("norm", "rms_norm_bf16", None, [_P] * 3 + [_I] * 5 + [ctypes.c_float])
+    return build.function("norm", "rms_norm_bf16")
 
 
 def add_norm_entry():
-    return build.function("norm", "add_rms_norm_bf16", None,
-                          [_P, _P, _I, _P, _P, _P, _P, _I, _I, ctypes.c_float])
+    return build.function("norm", "add_rms_norm_bf16")
 
 
 def rope_entry():
-    return build.function("norm", "qk_norm_rope_bf16", None,
-                          [_P, _I, _P, _P, _P, _P, _I, _P, _P] + [_I] * 4
-                          + [ctypes.c_float, ctypes.c_int])
+    return build.function("norm", "qk_norm_rope_bf16")
 
 
 def _takes(x: torch.Tensor, *weights: torch.Tensor | None) -> bool:

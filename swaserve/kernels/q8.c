@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "flags.h"
+#include "kernels.h"
 
 #define BLOCK 32
 
@@ -286,8 +286,8 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
     return 0;
 }
 #else
-int q8_vnni(const void *x, const void *pq, const void *ps, const void *po, int flags, void *y,
-            int64_t m, int64_t n, int64_t k, int threads) {
+int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+            void *y, int64_t m, int64_t n, int64_t k, int threads) {
     (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;
     return -2; /* no AVX-512 VNNI on this machine */
@@ -517,8 +517,8 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     return rc;
 }
 #else
-int q8_amx(const void *x, const void *pq, const void *ps, const void *po, int flags, void *y,
-           int64_t m, int64_t n, int64_t k, int threads) {
+int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+           void *y, int64_t m, int64_t n, int64_t k, int threads) {
     (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;
     return -2; /* no AMX on this machine */

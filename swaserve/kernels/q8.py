@@ -24,8 +24,6 @@ without a compiler the bf16 path is used). Two layouts:
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import torch
 
@@ -38,9 +36,6 @@ AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
-_MATVEC = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-_AMX = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 3
-        + [ctypes.c_int])
 _HALVES, _F16_SCALES, _BF16_OUT = (build.constants()[f"Q8_{n}"]  # the tile kernels' flags
                                    for n in ("HALVES", "F16_SCALES", "BF16_OUT"))
 _amx_ok: bool | None = None
@@ -49,15 +44,15 @@ _vnni_ok: bool | None = None
 
 def _matvec():
     """A kernel's entry point, or None when it cannot be built here."""
-    return build.function("q8", "q8_matvec", ctypes.c_int, _MATVEC)
+    return build.function("q8", "q8_matvec")
 
 
 def amx_entry():
-    return build.function("q8", "q8_amx", ctypes.c_int, _AMX)
+    return build.function("q8", "q8_amx")
 
 
 def vnni_entry():
-    return build.function("q8", "q8_vnni", ctypes.c_int, _AMX)
+    return build.function("q8", "q8_vnni")
 
 
 def available() -> bool:
@@ -296,7 +291,7 @@ class Q8Weight:
 
     @property
     def tile_flags(self) -> int:
-        """The tile kernels' flags for this weight's scales (flags.h: Q8_HALVES, Q8_F16_SCALES)."""
+        """The tile kernels' flags for this weight's scales (kernels.h: Q8_HALVES, Q8_F16_SCALES)."""
         return (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
 
     def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:

@@ -1,0 +1,67 @@
+/* The one place for what the C kernels and their Python bindings share: the flags and
+   limits (each a plain "#define NAME integer") and every exported function's prototype.
+   Every .c includes this, so the compiler checks each definition against its prototype;
+   kernels/build.py reads both (build.constants(), build.signature()), so the bindings never
+   copy a number or an argument list by hand. Pointers are passed as addresses; the types
+   used are int, int64_t, float and pointers. */
+#ifndef SWASERVE_KERNELS_H
+#define SWASERVE_KERNELS_H
+
+#include <stdint.h>
+
+/* q8.c: flags of the tile kernels (q8_amx, q8_vnni), or'ed together */
+#define Q8_HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
+#define Q8_F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
+#define Q8_BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
+/* q8.c: rows of activations one call takes */
+#define Q8_MAX_ROWS 8      /* q8_matvec */
+#define Q8_VNNI_MAX_ROWS 8 /* q8_vnni */
+
+/* attention.c: the per-head buffers */
+#define ATTN_MAX_GROUP 16 /* query heads per key/value head */
+#define ATTN_MAX_DIM 512  /* head dim */
+
+/* norm.c: the row buffers */
+#define NORM_MAX_DIM 8192
+
+/* q8.c: y [m, n] = x [m, k] @ int8 weights [n, k]^T, 0 on success, -1 for shapes not taken */
+int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t m,
+              int64_t n, int64_t k, int threads);
+int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+            void *y, int64_t m, int64_t n, int64_t k, int threads);
+int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+           void *y, int64_t m, int64_t n, int64_t k, int threads);
+
+/* attention.c: decode attention over the cache in place */
+int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                          const uint16_t *v, const int64_t *slots, const uint8_t *mask,
+                          const float *sinks, uint16_t *out, int64_t b, int64_t h,
+                          int64_t kvh, int64_t d, int64_t l, float scale, int threads);
+
+/* norm.c */
+void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
+                   int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
+                   float eps);
+void add_rms_norm_bf16(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
+                       const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
+                       int64_t d, float eps);
+void qk_norm_rope_bf16(const uint16_t *qkv, int64_t ld, const float *qw, const float *kw,
+                       const uint16_t *cos, const uint16_t *sin, int64_t ld_cs,
+                       uint16_t *q_out, uint16_t *k_out, int64_t t, int64_t h, int64_t kvh,
+                       int64_t d, float eps, int threads);
+
+/* gelu.c */
+void gelu_tanh_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t d, int64_t ld,
+                        int threads);
+
+/* decode.c: a decode step's layers in one call (its structs are defined there) */
+struct decode_fns;
+struct decode_layer;
+struct decode_kind;
+struct decode_bufs;
+int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
+                  int64_t num_layers, const struct decode_kind *kinds, uint16_t *x,
+                  const struct decode_bufs *b, int64_t m, int64_t hidden, int64_t heads,
+                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads);
+
+#endif

@@ -8,7 +8,7 @@ for Q4_K) are the file's weights bit for bit. They are kept beside their bf16 co
 prefill chunks multiply) and decode batches go through `q8.c` (built by kernels/build.py;
 without a compiler the bf16 path is used). Two layouts:
 
-- row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to FAST_ROWS rows, Q8_0 and
+- row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to MAX_ROWS rows, Q8_0 and
   Q5_0 only): the fallback on CPUs without AMX;
 - tiles (`to_tiles`, on CPUs with AMX or AVX-512 VNNI, for bf16 activations): each block
   of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Up to VNNI_ROWS
@@ -17,9 +17,8 @@ without a compiler the bf16 path is used). Two layouts:
   group, scales and offsets applied in float32): the file's exact weights, ~1e-5 from a
   float64 product where the bf16 copy's weights are ~2e-3 off. More rows go to `q8_amx`,
   which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
-  bf16 copy) and multiplies it on the tile unit, up to AMX_ROWS rows. The LM head at 1 row:
-  6.9-9 ms through q8_vnni (near the 168 MB it reads at ~24 GB/s), 14-16 through q8_amx,
-  which is bound by the widening; a batch-1 decode step 1.4x faster (benchmarks/README.md).
+  bf16 copy) and multiplies it on the tile unit, up to AMX_ROWS rows. What each costs, and
+  why the row limits are where they are: benchmarks/README.md (sessions 3 and 5).
 """
 
 from __future__ import annotations

@@ -52,11 +52,21 @@ def test_gelu_tanh_mul_kernel_matches_torch():
     assert gelu_tanh_mul_bf16(gu.float()) is None
 
 
-def unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin):
+def torch_rms_norm(x, w, eps=1e-6):
+    """RMSNorm in torch alone (float32 math, one bf16 rounding): a reference that shares no
+    code with the C kernels, which `rms_norm` calls for bf16 rows."""
+    return F.rms_norm(x.float(), w.shape, w, eps).to(torch.bfloat16)
+
+
+def close(a, b) -> bool:  # float32 sums in another order: within a bf16 step
+    return torch.allclose(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -10)
+
+
+def unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin, norm=rms_norm):
     q, k, _ = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
     q, k = q.reshape(-1, h, d), k.reshape(-1, kvh, d)
     if qn is not None:
-        q, k = rms_norm(q, qn, 1e-6), rms_norm(k, kn, 1e-6)
+        q, k = norm(q, qn, 1e-6), norm(k, kn, 1e-6)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
@@ -75,7 +85,9 @@ def test_qk_norm_rope_is_the_unfused_paths_bits(t, h, kvh, d, norms):
     q, k = qk_norm_rope_bf16(qkv, h, kvh, d, qn, kn, cos, sin, 1e-6)
     rq, rk = unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin)
     assert q.shape == (t, h, d) and k.shape == (t, kvh, d)
-    assert torch.equal(q, rq) and torch.equal(k, rk)
+    assert torch.equal(q, rq) and torch.equal(k, rk)  # the layer path's bits
+    tq, tk = unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin, torch_rms_norm)
+    assert close(q, tq) and close(k, tk)  # and torch's values
 
 
 @kernels
@@ -92,11 +104,13 @@ def test_add_rms_norm_is_the_unfused_paths_bits(with_delta_norm, with_next_norm)
     wn = torch.rand(640, generator=g) + 0.5 if with_next_norm else None
     got_x, got_h = add_rms_norm_bf16(x, delta, wd, wn, 1e-6)
     ref_x = x + (rms_norm(delta, wd, 1e-6) if wd is not None else delta)
-    assert torch.equal(got_x, ref_x)
+    assert torch.equal(got_x, ref_x)  # the layer path's bits
+    assert close(got_x, x + (torch_rms_norm(delta, wd) if wd is not None else delta))
     if wn is None:
         assert got_h is None
     else:
         assert torch.equal(got_h, rms_norm(ref_x, wn, 1e-6))
+        assert close(got_h, torch_rms_norm(ref_x, wn))  # and torch's values
     assert add_rms_norm_bf16(x.float(), delta.float(), wd, wn, 1e-6) is None
 
 

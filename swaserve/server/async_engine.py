@@ -138,6 +138,8 @@ class AsyncEngine:
         if self.request_timeout is not None:
             stream.deadline = time.monotonic() + self.request_timeout
         self._inbox.put(("add", request_id, prompt_ids, params, grammar, stream))
+        if not self.alive:  # it died: its last act answers the inbox, but maybe before this
+            stream.put(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return self._events(request_id, stream)
 
     def abort(self, request_id: str) -> None:
@@ -147,13 +149,7 @@ class AsyncEngine:
         finished = False
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(stream.queue.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    if not self.alive:  # it died before it could answer this request
-                        raise EngineError(f"the engine stopped: {self.dead}",
-                                          code="engine_dead") from None
-                    continue
+                item = await stream.queue.get()
                 if isinstance(item, Exception):
                     finished = True  # the engine thread has already let go of it
                     raise item

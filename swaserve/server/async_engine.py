@@ -29,6 +29,7 @@ from swaserve.sampling.params import SamplingParams
 
 log = logging.getLogger("swaserve")
 _POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
+_OBSERVE_S = 0.05  # how often a busy engine thread refreshes the gauges
 
 
 @dataclass
@@ -191,6 +192,7 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         eng = self.engine
+        observed, dirty = 0.0, False
         while not self._stop.is_set():
             changed_state = self._drain(block=not eng.has_unfinished())
             if self._stop.is_set():
@@ -202,8 +204,13 @@ class AsyncEngine:
                 if self.metrics is not None:
                     self.metrics.on_step(changed)
                 changed_state = True
-            if changed_state:
+            # gauges: after every change once idle, at most every _OBSERVE_S while busy
+            # (counting the pages requests hold walks every row's page list)
+            dirty |= changed_state
+            now = time.monotonic()
+            if dirty and (not eng.has_unfinished() or now - observed >= _OBSERVE_S):
                 self._observe()
+                observed, dirty = now, False
 
     def _observe(self) -> None:
         stats = self.engine.stats()

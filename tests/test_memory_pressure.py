@@ -56,6 +56,8 @@ def test_every_request_of_a_crowd_finishes(tiny_hybrid, stagger, prompt_len, new
     assert max(r.num_preemptions for r in reqs) <= MAX_RETRACTIONS
     if new > prompt_len:
         assert eng.scheduler.num_preemptions > 0  # the case really retracted
+    else:  # admission left room for the running requests' growth: nobody was retracted
+        assert eng.scheduler.num_preemptions == 0
     assert eng.cache.is_fully_free()
     alone = crowd_engine(path, pages)
     for prompt, r in zip(prompts[::5], reqs[::5]):  # retraction recomputes exactly
@@ -77,3 +79,23 @@ def test_the_oldest_request_is_never_the_victim(tiny_hybrid):
     while eng.has_unfinished():
         eng.step()
     assert all(r.finish_reason is FinishReason.LENGTH for r in later)
+
+
+def test_admission_leaves_room_for_the_running_requests_growth(tiny_hybrid, monkeypatch):
+    """Long outputs on a small pool: admitting by what a request writes now alone retracts
+    over and over; keeping room for the running requests' expected growth retracts less."""
+    from swaserve.engine import scheduler
+
+    path, _ = tiny_hybrid
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+
+    def retractions() -> int:
+        eng = crowd_engine(path, 64)
+        drive(eng, {0: [(random_prompt(40, 100 + i), params) for i in range(16)]}, 2000)
+        return eng.scheduler.num_preemptions
+
+    with_estimate = retractions()
+    monkeypatch.setattr(scheduler, "RATIO_INIT", 0.0)
+    monkeypatch.setattr(scheduler, "RATIO_MIN", 0.0)
+    without = retractions()
+    assert with_estimate < without, (with_estimate, without)

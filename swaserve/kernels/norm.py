@@ -12,7 +12,6 @@ from swaserve.kernels import build
 MAX_DIM = build.constants()["NORM_MAX_DIM"]  # the C kernel's row buffers
 
 
-
 def norm_entry():
     return build.function("norm", "rms_norm_bf16")
 

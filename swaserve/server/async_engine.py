@@ -26,6 +26,7 @@ from swaserve.engine.engine import Engine
 from swaserve.engine.request import FinishReason, Request
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
+from swaserve.server.errors import param_of
 
 log = logging.getLogger("swaserve")
 _POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
@@ -87,7 +88,6 @@ class AsyncEngine:
         self.request_timeout = request_timeout
         self.metrics = None  # set by the app; called from the engine thread
         self.num_waiting = 0  # the scheduler's waiting queue, as of the engine's last change
-        self.num_running = 0
         self.dead: str | None = None  # why the engine thread stopped, if it did
         self.draining = False  # shutting down: no new requests
         self._admitted = 0  # let in by `admit`, not yet in the scheduler's queue
@@ -214,7 +214,7 @@ class AsyncEngine:
 
     def _observe(self) -> None:
         stats = self.engine.stats()
-        self.num_waiting, self.num_running = stats.num_waiting, stats.num_running
+        self.num_waiting = stats.num_waiting
         if self.metrics is not None:
             self.metrics.on_state(stats, self._admitted)
 
@@ -249,9 +249,7 @@ class AsyncEngine:
         try:
             stream.reqs = self.engine.add_request(ids, params, request_id=rid, grammar=grammar)
         except ValueError as e:
-            param = str(e).split(":", 1)[0]
-            stream.put(EngineError(str(e), 400, "invalid_request_error",
-                                   param=param if param.isidentifier() else None))
+            stream.put(EngineError(str(e), 400, "invalid_request_error", param=param_of(e)))
             return
         except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
             log.exception("adding request %s failed", rid)

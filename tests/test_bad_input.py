@@ -57,7 +57,7 @@ def test_prompt_errors_name_the_problem(tiny_hybrid):
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([random_prompt(64, 1)])
     with pytest.raises(ValueError, match="max_tokens"):
-        llm.generate([[5, 6]], SamplingParams(max_tokens=0))
+        llm.generate([[5, 6]], SamplingParams(max_tokens=-1))
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate(["text needs a tokenizer"])
     with pytest.raises(ValueError, match="outside the vocabulary"):

@@ -181,7 +181,7 @@ def test_logprobs_equal_log_softmax_of_scaled_logits():
 @pytest.mark.parametrize("kw,name", [
     ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"), ({"min_p": 1.0}, "min_p"), ({"min_p": -0.1}, "min_p"),
-    ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 21}, "logprobs"),
+    ({"n": 0}, "n"), ({"max_tokens": -1}, "max_tokens"), ({"logprobs": 21}, "logprobs"),
     ({"logit_bias": {"x": 1}}, "logit_bias"), ({"frequency_penalty": 3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"), ({"seed": "a"}, "seed"),
     ({"stop": [""]}, "stop"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens")])

@@ -44,6 +44,7 @@ from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
 from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.memory.kv_cache import KVCache
+from swaserve.models.context import PromptScore
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerOutput, has_penalty
@@ -86,6 +87,8 @@ class _Launched:
     result: Future | tuple[SamplerOutput, float, float]
     chain_safe: bool
     failed: dict[int, BaseException]  # owner index -> what failed for it before sampling
+    scored: list[tuple[Request, int, int]]  # prompt rows scored (PreparedBatch.scored)
+    score: PromptScore | None  # their logprobs, once the forward has run
 
     def wait(self) -> tuple[SamplerOutput, float, float]:
         return self.result.result() if isinstance(self.result, Future) else self.result
@@ -291,6 +294,8 @@ class Engine:
 
     def _finish(self, step: _Launched, t0: float) -> list[Request]:
         out, forward_s, sample_s = step.wait()
+        if step.scored:
+            self._record_prompt_logprobs(step)
         changed = self.postprocess(step.batch, step.owners, out, step.failed)
         self._open.remove(step)
         self.last_step = StepStats(step.batch.num_tokens, len(step.batch.seqs),
@@ -364,10 +369,31 @@ class Engine:
             return out, t2 - t1, time.perf_counter() - t2
 
         result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)
-        launched = _Launched(batch, owners, result, chain_safe, failed)
+        launched = _Launched(batch, owners, result, chain_safe, failed, prepared.scored,
+                             prepared.ctx.score)
         self._open.append(launched)
         self._scheduling = None
         return launched
+
+    def _record_prompt_logprobs(self, step: _Launched) -> None:
+        """Hand each scored prompt row's logprobs to its request (by position: a prompt
+        recomputed after a retraction writes the same entries again)."""
+        sc = step.score
+        chosen, top_lp, top_ids = (sc.logprobs.tolist(), sc.top_logprobs.tolist(),
+                                   sc.top_ids.tolist())
+        targets = sc.targets.tolist()
+        k = 0
+        for req, start, count in step.scored:
+            try:
+                n = req.params.prompt_logprobs
+                for i in range(k, k + count):
+                    entry = {targets[i]: chosen[i]}
+                    for t, v in zip(top_ids[i][:n], top_lp[i][:n]):
+                        entry.setdefault(t, v)
+                    req.prompt_logprobs[start + 1 + i - k] = entry
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._fail_alone(req, e)
+            k += count
 
     def _chains(self, req: Request) -> bool:
         """Can the step after this one be built before this one's token is read back?"""
@@ -413,6 +439,9 @@ class Engine:
             try:
                 if not req.output_token_ids and req.row is not None:
                     self.scheduler.on_prompt_done(req)
+                if req.max_new_tokens == 0:  # the prompt was all it asked for
+                    self.scheduler.finish(req, FinishReason.LENGTH)
+                    continue
                 entry = None
                 if chosen is not None and j in lp_pos:
                     k, n = lp_pos[j], req.params.logprobs or 0

@@ -51,6 +51,9 @@ class Request:
     first_token_time: float | None = None
     output_text: str = ""
     logprobs: list[dict[int, float]] | None = None
+    # params.prompt_logprobs: per prompt token, {token: logprob, top ones...}; the first
+    # token has none (nothing precedes it)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     error: RequestError | None = None  # set with FinishReason.ERROR
     seq: int = 0  # arrival order (the engine numbers requests): the scheduler's priority
     group_id: str = ""  # the id the prompt was added under (its n completions share it)
@@ -69,6 +72,8 @@ class Request:
                              f"within max_model_len {self.max_model_len}")
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * self.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

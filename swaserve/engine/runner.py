@@ -9,18 +9,19 @@ the window cannot bind (`offset + N <= W`) sliding layers take the plain causal 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
+from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
-from swaserve.models.context import AttnGroup, ForwardContext, KeyView
+from swaserve.models.context import AttnGroup, ForwardContext, KeyView, PromptScore
 from swaserve.models.registry import model_class
 
 log = logging.getLogger("swaserve")
@@ -55,6 +56,8 @@ def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
 class PreparedBatch:
     ctx: ForwardContext
     sampled: list[ScheduledSeq]  # the seqs whose logits rows come out, in order
+    # prompt rows scored (ctx.score), in order: (request, first position, rows)
+    scored: list[tuple[Request, int, int]] = field(default_factory=list)
     # input tokens not on the host yet: (positions in ctx.input_ids, rows of the previous
     # step's sampled tokens); filled on the device just before the forward
     fill: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -139,8 +142,27 @@ class ModelRunner:
                              self._t(logit_rows), window_write,
                              INVARIANT_ROW_BLOCK if self.batch_invariant else None,
                              "amx" if prefills else None)
+        scored = self._score_rows(order, ctx)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
-        return PreparedBatch(ctx, sampled, fill)
+        return PreparedBatch(ctx, sampled, scored, fill)
+
+    def _score_rows(self, order: list[ScheduledSeq], ctx: ForwardContext
+                    ) -> list[tuple[Request, int, int]]:
+        """Rows of prompts whose logprobs are asked for: position p is scored by the prompt
+        token at p + 1 (the last prompt position's logits are the sampled row's)."""
+        scored, idx, targets, top_n, offset = [], [], [], 0, 0
+        for s in order:
+            req = s.request
+            end = min(s.start + s.num_tokens, req.num_prompt_tokens - 1)
+            if req.prompt_logprobs is not None and end > s.start:
+                scored.append((req, s.start, end - s.start))
+                idx.extend(range(offset, offset + end - s.start))
+                targets.extend(req.prompt_token_ids[s.start + 1:end + 1])
+                top_n = max(top_n, req.params.prompt_logprobs)
+            offset += s.num_tokens
+        if scored:
+            ctx.score = PromptScore(self._t(idx), self._t(targets), top_n)
+        return scored
 
     def _decode_group(self, seqs: list[ScheduledSeq]) -> AttnGroup:
         """One padded group: every row has one query at position `start`."""

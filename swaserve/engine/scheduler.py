@@ -162,8 +162,9 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # retracted earlier, or finished
                 continue
-            if req.num_generated >= req.max_new_tokens:  # its pending token is its last
-                continue
+            if (req.num_generated >= req.max_new_tokens
+                    and req.num_computed_tokens >= req.num_prompt_tokens):
+                continue  # its pending token is its last (max_tokens 0: its prompt is done)
             n = self._chunk(req.num_uncomputed_tokens, budget)
             if n == 0:
                 continue
@@ -183,8 +184,11 @@ class Scheduler:
             if self.cache.rows.num_free == 0:
                 break
             # a prefix-cache hit: its pages are shared, not charged; at least one token is
-            # computed so that there are logits to sample from
-            hit = self.cache.match_prefix(req.tokens(0, req.num_tokens - 1))
+            # computed so that there are logits to sample from. A prompt to score is
+            # computed cold: cached tokens have no logits
+            hit = None
+            if req.prompt_logprobs is None:
+                hit = self.cache.match_prefix(req.tokens(0, req.num_tokens - 1))
             start = hit.num_tokens if hit is not None else 0
             n = self._chunk(req.num_tokens - start, budget)
             if n == 0:

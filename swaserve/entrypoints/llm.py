@@ -31,6 +31,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
+    # SamplingParams.prompt_logprobs: per prompt token {token: logprob, top ones...}; the
+    # first token's is None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def text(self) -> str:
@@ -107,7 +110,8 @@ class LLM:
             results.append(RequestOutput(
                 g[0].group_id,
                 prompt if isinstance(prompt, str) else None, list(g[0].prompt_token_ids),
-                [completion_output(i, r) for i, r in enumerate(g)], g[0].num_cached_tokens))
+                [completion_output(i, r) for i, r in enumerate(g)], g[0].num_cached_tokens,
+                g[0].prompt_logprobs))
             for r in g:
                 eng.release(r.request_id)
         return results

@@ -23,6 +23,8 @@ from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
 
+SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
+
 
 class DecoderLayerBase(nn.Module):
     """What every decoder layer has: its index and kind, the attention shapes, merged q/k/v
@@ -162,7 +164,13 @@ class CausalLM(nn.Module):
         else:
             for layer in self.layers:
                 x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
-        x = rms_norm(x[ctx.logits_indices], self.final_norm, self.cfg.rms_norm_eps)
+        if ctx.score is not None:  # before the sampled rows: they reuse the head's buffer
+            self._score(x, ctx)
+        return self._head(rms_norm(x[ctx.logits_indices], self.final_norm,
+                                   self.cfg.rms_norm_eps), ctx)
+
+    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Logits of final-normed hidden rows (soft-capped where the family caps them)."""
         logits = None
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
             logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
@@ -174,3 +182,19 @@ class CausalLM(nn.Module):
             cap = self.cfg.final_logit_softcapping
             logits = torch.tanh(logits.float() / cap) * cap
         return logits
+
+    def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:
+        """Fill ctx.score: each scored row's log-softmax, SCORE_ROWS rows at a time, of
+        which only the next token's value and the top-n are kept."""
+        score = ctx.score
+        rows = score.indices.shape[0]
+        score.logprobs = torch.empty(rows, dtype=torch.float32, device=x.device)
+        score.top_logprobs = torch.empty(rows, score.top_n, dtype=torch.float32, device=x.device)
+        score.top_ids = torch.empty(rows, score.top_n, dtype=torch.int64, device=x.device)
+        for a in range(0, rows, SCORE_ROWS):
+            b = min(rows, a + SCORE_ROWS)
+            h = rms_norm(x[score.indices[a:b]], self.final_norm, self.cfg.rms_norm_eps)
+            lp = torch.log_softmax(self._head(h, ctx).float(), dim=-1)
+            score.logprobs[a:b] = lp.gather(1, score.targets[a:b, None])[:, 0]
+            if score.top_n:
+                score.top_logprobs[a:b], score.top_ids[a:b] = lp.topk(score.top_n, dim=-1)

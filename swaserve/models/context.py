@@ -54,6 +54,21 @@ class AttnGroup:
 
 
 @dataclass
+class PromptScore:
+    """Prompt rows to score (prompt logprobs): the forward fills `logprobs` with the
+    log-probability of each row's next prompt token and `top_logprobs` / `top_ids` with the
+    `top_n` most likely ones, computing the log-softmax a few rows at a time so that a long
+    prompt never holds a [rows, vocab] matrix."""
+
+    indices: torch.Tensor  # [R] rows of the flattened batch
+    targets: torch.Tensor  # [R] the prompt token that follows each row
+    top_n: int
+    logprobs: torch.Tensor | None = None  # float32 [R]
+    top_logprobs: torch.Tensor | None = None  # float32 [R, top_n]
+    top_ids: torch.Tensor | None = None  # int64 [R, top_n]
+
+
+@dataclass
 class ForwardContext:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -69,3 +84,4 @@ class ForwardContext:
     # "amx" for steps with prompt rows, so that a prompt's rows multiply the same way in
     # any chunk (a prefix hit recomputes a short tail of what a cold run did in one chunk)
     q8_kernel: str | None = None
+    score: PromptScore | None = None  # prompt rows whose logprobs are asked for

@@ -28,12 +28,14 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = _f(None, "token id -> bias added to its logit")
     seed: int | None = _f(None, "this request's seed: the same tokens whatever the batch")
     n: int = _f(1, "completions per prompt")
-    max_tokens: int = _f(16, "new tokens at most")
+    max_tokens: int = _f(16, "new tokens at most (0: only compute the prompt, e.g. to score it)")
     min_tokens: int = _f(0, "no eos or stop token before this many new tokens")
     stop: list[str] | str | None = _f(None, "stop string")
     stop_token_ids: list[int] | None = _f(None, "stop token id")
     ignore_eos: bool = _f(False, "keep generating past eos")
     logprobs: int | None = _f(None, "logprobs of the chosen token and this many top ones")
+    prompt_logprobs: int | None = _f(None, "logprobs of every prompt token and this many "
+                                     "top ones (the prompt is computed cold: no prefix hit)")
     skip_special_tokens: bool = _f(True, "leave special tokens out of the text")
     # structured output (at most one): a JSON schema (dict or JSON text), any JSON object,
     # a regular expression, or an EBNF (GBNF or Lark) grammar
@@ -89,8 +91,8 @@ class SamplingParams:
             bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         if integer("n") < 1:
             bad("n", f"must be >= 1, got {self.n}")
-        if integer("max_tokens") < 1:
-            bad("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if integer("max_tokens") < 0:
+            bad("max_tokens", f"must be >= 0, got {self.max_tokens}")
         if integer("min_tokens") < 0:
             bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.min_tokens > self.max_tokens:
@@ -100,10 +102,11 @@ class SamplingParams:
                 bad("seed", f"must be an integer, got {self.seed!r}")
             if not -(2**63) <= self.seed < 2**64:
                 bad("seed", f"must fit in 64 bits, got {self.seed}")
-        if self.logprobs is not None:
-            if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not (
-                    0 <= self.logprobs <= MAX_LOGPROBS):
-                bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 0 <= v <= MAX_LOGPROBS):
+                bad(name, f"must be an integer in [0, {MAX_LOGPROBS}], got {v!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:

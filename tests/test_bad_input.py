@@ -82,6 +82,6 @@ def test_cli_errors_exit_nonzero_with_message(tmp_path):
                         str(tmp_path / "missing.gguf")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "model not found" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "swaserve", "generate", "hi", "--max-tokens", "0",
+    r = subprocess.run([sys.executable, "-m", "swaserve", "generate", "hi", "--max-tokens", "-1",
                         "--model", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "max_tokens" in r.stderr and "Traceback" not in r.stderr

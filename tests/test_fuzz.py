@@ -1,5 +1,5 @@
 """Schema-driven fuzzing: schemathesis generates bodies from the app's own OpenAPI schema
-(valid ones and ones that break it) for both POST routes and sends them to the app in
+(valid ones and ones that break it) for every POST route and sends them to the app in
 process. Nothing may answer 5xx, and every error is in OpenAI's shape. Bounded: a fixed
 number of examples per route, on a tiny model with a short context."""
 
@@ -41,5 +41,9 @@ def test_no_body_gets_a_5xx(case):
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"}, err
         assert isinstance(err["message"], str) and err["message"]
+    elif case.path == "/tokenize":
+        assert isinstance(r.json()["tokens"], list)
+    elif case.path == "/detokenize":
+        assert isinstance(r.json()["prompt"], str)
     elif not (isinstance(case.body, dict) and case.body.get("stream") is True):
         assert r.json()["choices"]

@@ -17,7 +17,7 @@ _PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalt
 
 
 def sampling_params(body, max_tokens: int | None, logprobs: int | None,
-                    max_model_len: int) -> SamplingParams:
+                    max_model_len: int, prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams of a request body, validated once (its token ids are checked by the
     engine against the vocabulary); a bad value is a 400 naming it. `max_tokens` is fitted
     to the prompt once that is tokenized."""
@@ -28,7 +28,8 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None,
     kw.update(structured_output(body))
     try:
         return SamplingParams(n=body.n, max_tokens=max_model_len if max_tokens is None
-                              else max_tokens, logprobs=logprobs, **kw)
+                              else max_tokens, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs, **kw)
     except ValueError as e:
         raise as_api_error(e, body) from e
 
@@ -88,9 +89,11 @@ class ResponseFormat:
     id_prefix = "cmpl"
 
     def __init__(self, request_id: str, model: str, tokenizer, n: int,
-                 num_logprobs: int | None, include_usage: bool):
+                 num_logprobs: int | None, include_usage: bool,
+                 echo: tuple[str, list[int]] | None = None):
         self.id, self.model, self.tok, self.n = request_id, model, tokenizer, n
         self.num_logprobs, self.include_usage = num_logprobs, include_usage
+        self.echo = echo  # completions' echo: (prompt text, prompt ids) before each choice
         self.created = int(time.time())
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
@@ -123,7 +126,29 @@ class ResponseFormat:
 
 
 class CompletionFormat(ResponseFormat):
-    pass
+    """The legacy completions object; with `echo` each choice's first event starts with
+    the prompt (and, with logprobs, the prompt tokens' logprobs: the first one null)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._started = [False] * self.n
+        self._chars = [0] * self.n  # characters of each choice sent so far (text_offset)
+
+    def _choice(self, d: Delta) -> dict:
+        text, prompt = d.text, None
+        if self.echo is not None and not self._started[d.index]:
+            text = self.echo[0] + text
+            prompt = (self.echo[1], d.prompt_logprobs)
+        self._started[d.index] = True
+        logprobs = None
+        if self.num_logprobs is not None:
+            logprobs = completion_logprobs(self.tok, d, self.num_logprobs, prompt,
+                                           self._chars[d.index])
+        self._chars[d.index] += len(text)
+        return {"index": d.index, "text": text, "finish_reason": d.finish_reason,
+                "stop_reason": d.stop_reason, "logprobs": logprobs}
+
+    _chunk_choice = _choice
 
 
 class ChatFormat(ResponseFormat):

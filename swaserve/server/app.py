@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health,
-metrics. Every error leaves in OpenAI's shape `{"error": {message, type, param, code}}`.
+metrics (and the tokenizer's routes, tokens.py). Every error leaves in OpenAI's shape `{"error": {message, type, param, code}}`.
 
 A request is validated whole before it is queued (protocol.py, then its sampling
 parameters, then its length against the context), tokenized, rendered and compiled on
@@ -36,6 +36,7 @@ from swaserve.server.errors import APIError, error_response, validation_error
 from swaserve.server.guard import Guard
 from swaserve.server.metrics import REJECT_REASONS, Metrics
 from swaserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from swaserve.server.tokens import add_token_routes
 
 log = logging.getLogger("swaserve")
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024**2
@@ -166,10 +167,11 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
 
     # -- completions and chat --------------------------------------------------------------
     async def respond(body, request: Request, params: SamplingParams, ids: list[int], grammar,
-                      fmt_class: type[ResponseFormat], num_logprobs: int | None):
+                      fmt_class: type[ResponseFormat], num_logprobs: int | None,
+                      echo: tuple[str, list[int]] | None = None):
         rid = f"{fmt_class.id_prefix}-{uuid.uuid4().hex}"
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage)
+        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage, echo)
         gen = aengine.generate(ids, params, rid, grammar)
         if body.stream:
             return await _stream(aengine, rid, gen, fmt)
@@ -179,9 +181,12 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        if body.echo or body.suffix is not None or (body.best_of not in (None, 1, body.n)):
-            param = "echo" if body.echo else "suffix" if body.suffix is not None else "best_of"
+        if body.suffix is not None or (body.best_of not in (None, 1, body.n)):
+            param = "suffix" if body.suffix is not None else "best_of"
             raise APIError(400, f"{param}: not supported", param)
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "max_tokens: must be >= 1 (0 is for scoring a prompt, with "
+                           "echo: true)", "max_tokens")
         prompts = body.prompt
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
@@ -189,11 +194,17 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
             raise APIError(400, "prompt: must not be empty", "prompt")
         if len(prompts) != 1:
             raise APIError(400, "prompt: batches of prompts are not supported; send one per request", "prompt")
-        params = sampling_params(body, body.max_tokens, body.logprobs, max_len)
+        params = sampling_params(body, body.max_tokens, body.logprobs, max_len,
+                                 prompt_logprobs=body.logprobs if body.echo else None)
         ids, grammar = await prepare(params, body, lambda: encode(prompts[0], "prompt"),
                                      "prompt", body.max_tokens)
+        echo = None
+        if body.echo:  # the prompt as given, or its token ids' text
+            text = prompts[0] if isinstance(prompts[0], str) else (
+                tok.decode(ids, skip_special_tokens=False) if tok is not None else "")
+            echo = (text, ids)
         return await respond(body, request, params, ids, grammar, CompletionFormat,
-                             params.logprobs)
+                             params.logprobs, echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -222,6 +233,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         ids, grammar = await prepare(params, body, render, "messages", max_tokens)
         return await respond(body, request, params, ids, grammar, ChatFormat, n_lp)
 
+    add_token_routes(app, engine, template, check_model)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
                        public_paths=public_paths,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())
@@ -300,6 +312,8 @@ async def _collect(aengine: AsyncEngine, rid: str, gen: AsyncIterator, n: int,
                 m.text += ev.text
                 m.token_ids += ev.token_ids
                 m.logprobs += ev.logprobs
+                if ev.prompt_logprobs is not None:
+                    m.prompt_logprobs = ev.prompt_logprobs
                 if ev.finish_reason:
                     m.finish_reason, m.stop_reason = ev.finish_reason, ev.stop_reason
                 ev = await gen.__anext__()

@@ -43,6 +43,8 @@ class Delta:
     logprobs: list[dict[int, float]]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # on a completion's first event when prompt logprobs were asked for (Request's format)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Stream:
     sent_tokens: list[int] = field(default_factory=list)
     sent_chars: list[int] = field(default_factory=list)
     done: list[bool] = field(default_factory=list)
+    started: list[bool] = field(default_factory=list)  # an event was sent for this index
     holdback: int = 0
 
     def put(self, item) -> None:
@@ -260,7 +263,8 @@ class AsyncEngine:
             self.num_waiting = len(self.engine.scheduler.waiting)
             self.cancel_admission()  # it is in the scheduler's queue now (or refused)
         n = len(stream.reqs)
-        stream.sent_tokens, stream.sent_chars, stream.done = [0] * n, [0] * n, [False] * n
+        stream.sent_tokens, stream.sent_chars = [0] * n, [0] * n
+        stream.done, stream.started = [False] * n, [False] * n
         stream.holdback = max((len(s) for s in params.stop or []), default=1) - 1
         self._streams[rid] = stream
 
@@ -339,6 +343,9 @@ class AsyncEngine:
         d = Delta(i, text[stream.sent_chars[i]:upto], new_tokens, lps,
                   req.finish_reason.value if req.is_finished and req.finish_reason else None,
                   req.stop_reason)
+        if not stream.started[i]:  # the n siblings share the first one's prompt
+            d.prompt_logprobs = stream.reqs[0].prompt_logprobs
+            stream.started[i] = True
         stream.sent_tokens[i] = req.num_output_tokens
         stream.sent_chars[i] = upto
         stream.done[i] = d.finish_reason is not None

@@ -24,14 +24,36 @@ def _top(entry: dict[int, float], n: int) -> list[tuple[int, float]]:
     return sorted(entry.items(), key=lambda kv: -kv[1])[:n] if n else []
 
 
-def completion_logprobs(tok, d: Delta, n: int) -> dict:
-    tokens, token_lps, tops = [], [], []
+def completion_logprobs(tok, d: Delta, n: int,
+                        prompt: tuple[list[int], list | None] | None = None,
+                        offset: int = 0) -> dict:
+    """The legacy object for a delta's tokens, after the prompt's when it is echoed
+    (`prompt`: its ids and their logprobs; the first token has none: null). `offset` is
+    where the delta's text starts in the choice's text."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+
+    def add(t: int, entry: dict[int, float] | None) -> None:
+        nonlocal offset
+        s = _tok_str(tok, t)
+        tokens.append(s)
+        offsets.append(offset)
+        offset += len(s)
+        token_lps.append(None if entry is None else _finite(entry.get(t)))
+        top: dict[str, float] | None = None
+        if entry is not None:  # keyed by text: of two tokens that read the same, the likelier
+            top = {}
+            for k, v in _top(entry, n):
+                top.setdefault(_tok_str(tok, k), _finite(v))
+        tops.append(top)
+
+    if prompt is not None:
+        ids, lps = prompt
+        for i, t in enumerate(ids):
+            add(t, lps[i] if lps is not None else None)
     for t, entry in zip(d.token_ids, d.logprobs):
-        tokens.append(_tok_str(tok, t))
-        token_lps.append(_finite(entry.get(t)))
-        tops.append({_tok_str(tok, k): _finite(v) for k, v in _top(entry, n)})
+        add(t, entry)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
-            "text_offset": []}
+            "text_offset": offsets}
 
 
 def chat_logprobs(tok, d: Delta, n: int) -> dict:

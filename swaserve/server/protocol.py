@@ -152,3 +152,22 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Integer | None = None
     logprobs: Flag = False
     top_logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a text (`prompt`) or a chat (`messages`, rendered by the template)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: Flag = True
+    add_generation_prompt: Flag = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: Text | None = None
+    tokens: list[TokenId]

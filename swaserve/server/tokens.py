@@ -1,0 +1,68 @@
+"""The tokenizer over HTTP, in vLLM's shapes: /tokenize, /detokenize and /tokenizer_info
+(what lm-eval's remote tokenizer reads: the special tokens and the chat template)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from swaserve.server.chat_template import GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
+from swaserve.server.errors import APIError
+from swaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+
+
+def add_token_routes(app: FastAPI, engine, template: ChatTemplate | None,
+                     check_model: Callable[[str | None], None]) -> None:
+    tok = engine.tokenizer
+    max_len = engine.max_model_len
+
+    def need_tokenizer(param: str) -> None:
+        if tok is None:
+            raise APIError(400, f"{param}: this model has no tokenizer files", param)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "prompt: give exactly one of prompt and messages", "prompt")
+        param = "prompt" if body.prompt is not None else "messages"
+        need_tokenizer(param)
+
+        def work() -> list[int]:
+            text = body.prompt
+            if text is None:
+                try:
+                    text = template.render([m.model_dump() for m in body.messages],
+                                           body.add_generation_prompt)
+                except ChatTemplateError as e:
+                    raise APIError(400, str(e), "messages") from e
+            return tok.encode(text, add_special_tokens=body.add_special_tokens)
+
+        ids = await asyncio.to_thread(work)
+        return {"tokens": ids, "count": len(ids), "max_model_len": max_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        check_model(body.model)
+        need_tokenizer("tokens")
+        bad = [t for t in body.tokens if t >= engine.vocab_size]
+        if bad:
+            raise APIError(400, f"tokens: token id {bad[0]} is outside the vocabulary "
+                           f"(0..{engine.vocab_size - 1})", "tokens")
+        text = await asyncio.to_thread(tok.decode, body.tokens, False)
+        return {"prompt": text}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        need_tokenizer("tokenizer")
+
+        def name(token_id: int | None) -> str | None:
+            return tok.id_to_token(token_id) if token_id is not None else None
+
+        eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_token_id),
+                "eos_token": name(eos), "pad_token": name(engine.model_config.pad_token_id),
+                "chat_template": tok.chat_template or GEMMA_TEMPLATE,
+                "model_max_length": max_len, "vocab_size": tok.vocab_size}

@@ -1,0 +1,149 @@
+"""Prompt scoring over HTTP (`echo` with `logprobs`, as lm-eval sends it) and the tokenizer
+routes, in process with the official openai client over httpx's ASGI transport: a tiny
+float32 model with a real tokenizer, checked against transformers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from conftest import HYBRID, write_byte_bpe_tokenizer, write_tiny_gemma3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_scoring")
+    vocab = write_byte_bpe_tokenizer(path)
+    model = write_tiny_gemma3(path, HYBRID, vocab=vocab, seed=5)
+    return str(path), model
+
+
+@pytest.fixture(scope="module")
+def app(tiny):
+    from swaserve.engine.engine import Engine
+    from swaserve.server.app import create_app
+    from swaserve.server.async_engine import AsyncEngine
+
+    eng = Engine(model=tiny[0], dtype="float32", kv_memory="16MiB", max_running_requests=8,
+                 max_model_len=256, chunk_size=7)  # chunks of 7 across the window of 8
+    aeng = AsyncEngine(eng)
+    yield create_app(aeng, "tiny")
+    aeng.shutdown()
+    assert eng.cache.is_fully_free()
+
+
+def run(app, fn):
+    """fn(openai.AsyncOpenAI, httpx.AsyncClient) against the app, in process."""
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=60) as http:
+            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x",
+                                        http_client=http, max_retries=0)
+            return await fn(client, http)
+    return asyncio.run(go())
+
+
+def reference(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+TEXT = "hello world 123-4567 true false null [1, 2, 3.5] " * 2
+
+
+def test_echo_with_logprobs_scores_the_prompt_like_transformers(app, tiny):
+    async def fn(client, http):
+        ids = (await http.post("/tokenize", json={"prompt": TEXT})).json()["tokens"]
+        a = await client.completions.create(model="tiny", prompt=ids, echo=True, logprobs=2,
+                                            max_tokens=0)
+        b = await client.completions.create(model="tiny", prompt=TEXT, echo=True, logprobs=1,
+                                            max_tokens=1, temperature=0)
+        # the same prompt again: now a prefix-cache hit for anyone not scoring it
+        c = await client.completions.create(model="tiny", prompt=ids, echo=True, logprobs=2,
+                                            max_tokens=0)
+        return ids, a, b, c
+
+    ids, a, b, c = run(app, fn)
+    assert len(ids) > 24  # past three windows of 8
+    ref = reference(tiny[1], ids)
+    for resp, n_new in ((a, 0), (b, 1), (c, 0)):
+        ch = resp.choices[0]
+        lp = ch.logprobs
+        assert len(lp.tokens) == len(ids) + n_new
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        for i in range(1, len(ids)):
+            assert lp.token_logprobs[i] == pytest.approx(ref[i - 1, ids[i]].item(), abs=1e-4)
+            best = ref[i - 1].max().item()
+            assert max(lp.top_logprobs[i].values()) == pytest.approx(best, abs=1e-4)
+        assert resp.usage.completion_tokens == n_new
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert a.choices[0].text == TEXT  # the text of the prompt ids
+    assert b.choices[0].text.startswith(TEXT)  # the prompt as given, then the completion
+    assert a.choices[0].finish_reason == "length"
+    # the generated token's logprob comes last, as lm-eval reads it ([ctxlen:-1])
+    gen = b.choices[0].logprobs.token_logprobs[-1]
+    assert gen == pytest.approx(ref[-1].max().item(), abs=1e-4)
+
+
+def test_echo_streamed_sends_the_prompt_first_once(app):
+    async def fn(client, http):
+        parts = []
+        stream = await client.completions.create(model="tiny", prompt="hello world", echo=True,
+                                                 logprobs=1, max_tokens=4, temperature=0,
+                                                 stream=True)
+        async for ev in stream:
+            parts.append(ev.choices[0])
+        whole = await client.completions.create(model="tiny", prompt="hello world", echo=True,
+                                                logprobs=1, max_tokens=4, temperature=0)
+        plain = await client.completions.create(model="tiny", prompt="hello world", echo=True,
+                                                max_tokens=4, temperature=0, n=2)
+        return parts, whole, plain
+
+    parts, whole, plain = run(app, fn)
+    assert "".join(p.text for p in parts) == whole.choices[0].text
+    assert parts[0].text.startswith("hello world")
+    tokens = [t for p in parts for t in p.logprobs.tokens]
+    assert tokens == whole.choices[0].logprobs.tokens
+    assert sum(p.logprobs.token_logprobs.count(None) for p in parts) == 1
+    for ch in plain.choices:  # echo without logprobs: each choice starts with the prompt
+        assert ch.text.startswith("hello world") and ch.logprobs is None
+
+
+def test_tokenize_detokenize_and_tokenizer_info(app, tiny):
+    async def fn(client, http):
+        t = await http.post("/tokenize", json={"model": "tiny", "prompt": "hello world"})
+        ids = t.json()["tokens"]
+        d = await http.post("/detokenize", json={"tokens": ids})
+        chat = await http.post("/tokenize", json={"messages": [
+            {"role": "user", "content": "hi"}]})
+        info = await http.get("/tokenizer_info")
+        bad = [await http.post("/tokenize", json=b) for b in (
+            {}, {"prompt": "a", "messages": [{"role": "user", "content": "x"}]},
+            {"prompt": 5}, {"prompt": "a", "model": "other"})]
+        bad += [await http.post("/detokenize", json=b) for b in (
+            {"tokens": [10**6]}, {"tokens": [-1]}, {"tokens": "abc"})]
+        return t.json(), d.json(), chat.json(), info.json(), bad
+
+    tok, detok, chat, info, bad = run(app, fn)
+    assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 256
+    assert detok["prompt"] == "hello world"
+    assert chat["count"] > tok["count"]  # the template's turn markers
+    assert "eos_token" in info and info["chat_template"]
+    for r, status, param in zip(bad, (400, 400, 400, 404, 400, 400, 400),
+                                ("prompt", "prompt", "prompt", "model", "tokens", "tokens.0",
+                                 "tokens")):
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == param, r.text
+
+
+def test_max_tokens_zero_needs_echo(app):
+    async def fn(client, http):
+        return await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 0})
+
+    r = run(app, fn)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    json.dumps(r.json())

@@ -156,3 +156,57 @@ def test_n_completions_each_follow_the_grammar(llm):
         assert c.finish_reason == "stop"
         jsonschema.validate(json.loads(c.text), schema)
     assert len({c.text for c in out.outputs}) > 1  # seeds seed + i: different samples
+
+
+# -- bounds on what a schema leaves open (sampling/json_bounds.py) --------------------------
+def accepts(llm, schema: dict, text: str) -> bool:
+    """The compiled grammar takes `text` whole and is then complete."""
+    m = llm.engine.compile_grammar(SamplingParams(json_schema=schema)).new_matcher()
+    return all(m.accept(t) for t in llm.tokenizer.encode(text, add_special_tokens=False)) \
+        and m.is_terminated
+
+
+def test_open_numbers_are_bounded_and_values_within_the_bounds_still_validate(llm):
+    from swaserve.sampling.json_bounds import FRACTION_DIGITS, INTEGER_DIGITS
+
+    num = {"type": "object", "properties": {"v": {"type": "number"}}, "required": ["v"]}
+    integer = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
+    big, frac = "9" * INTEGER_DIGITS, "5" * FRACTION_DIGITS  # |x| <= 10**15 - 1
+    for schema, text, ok in [
+            (integer, f'{{"v": {big}}}', True), (integer, f'{{"v": -{big}}}', True),
+            (integer, f'{{"v": {big}9}}', False),
+            (num, f'{{"v": {big[:-1]}8.{frac}}}', True), (num, f'{{"v": -0.{frac}5}}', False),
+            (num, f'{{"v": {big}9}}', False),
+            (num, '{"v": 1e5}', False), (num, '{"v": 0.25}', True),
+            (num, '{"v": 3, "w": 4}', False),  # declared properties only
+            # a schema's own bounds are kept, past the default ones too
+            ({**integer, "properties": {"v": {"type": "integer", "minimum": 10**15}}},
+             f'{{"v": {10**15 + 5}}}', True),
+            ({**num, "properties": {"v": {"type": "number", "multipleOf": 0.5}}},
+             '{"v": 2.5}', True),
+            ({**num, "properties": {"v": {"type": "number", "multipleOf": 0.5}}},
+             '{"v": 2.25}', False),
+            ({**num, "additionalProperties": True}, '{"v": 3, "w": 4}', True)]:
+        assert accepts(llm, schema, text) is ok, (schema, text)
+        if ok:
+            jsonschema.validate(json.loads(text), schema)
+
+
+def test_free_form_values_are_bounded_in_size():
+    from swaserve.sampling.json_bounds import MAX_ITEMS, MAX_PROPERTIES, bound_schema
+
+    b = bound_schema({"type": "object"})
+    assert b["maxProperties"] == MAX_PROPERTIES
+    b = bound_schema({"type": "array", "minItems": 100})
+    assert b["maxItems"] == 100 and b["items"] == {"$ref": "#/$defs/swaserve_any_value"}
+    assert bound_schema({"type": "array", "items": INT})["maxItems"] == MAX_ITEMS
+    kept = {"type": "array", "items": INT, "maxItems": 2}
+    assert bound_schema(kept)["maxItems"] == 2 and kept == {"type": "array", "items": INT,
+                                                            "maxItems": 2}  # not mutated
+
+
+def test_json_bounds_can_be_turned_off(tiny_with_tokenizer):
+    off = LLM(tiny_with_tokenizer, dtype="float32", json_bounds=False)
+    integer = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
+    assert accepts(off, integer, '{"v": 12345678901234567890}')
+    assert accepts(off, integer, '{"v": 1, "w": 2}')

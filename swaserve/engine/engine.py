@@ -130,7 +130,8 @@ class Engine:
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
         self.eos_token_ids = frozenset(eos)
-        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos))
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos),
+                                        json_bounds=config.json_bounds)
         # on a CPU the host work would take a core from the forward's threads
         self.overlap = config.overlap if config.overlap is not None else self.device.type != "cpu"
         self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")

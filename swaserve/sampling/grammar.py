@@ -12,11 +12,14 @@ needs it without it gets a ValueError naming the parameter, like any other bad i
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
 
 import torch
+
+from swaserve.sampling.json_bounds import bound_schema
 
 log = logging.getLogger("swaserve")
 
@@ -86,8 +89,10 @@ class GrammarCompiler:
     """Compiles and caches grammars for one tokenizer. Thread-safe: the server compiles in
     worker threads so that a slow schema never holds up the engine loop."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 json_bounds: bool = True):
         self._tokenizer = tokenizer
+        self._json_bounds = json_bounds  # json_bounds.py: open numbers get digit limits
         self._vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._ll_tokenizer = None
@@ -138,7 +143,9 @@ class GrammarCompiler:
 
         try:
             if kind == "json":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
+                schema = bound_schema(json.loads(text)) if self._json_bounds else json.loads(text)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema),
+                                                                        defaults=JSON_DEFAULTS)
             elif kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(text)
             else:

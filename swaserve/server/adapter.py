@@ -10,6 +10,7 @@ from swaserve.sampling.params import SamplingParams
 from swaserve.server.async_engine import Delta, Final
 from swaserve.server.errors import APIError, param_of
 from swaserve.server.logprobs import chat_logprobs, completion_logprobs
+from swaserve.server.tools import ToolPlan, new_call, parse_calls
 
 _PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
@@ -31,14 +32,19 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None,
                               else max_tokens, logprobs=logprobs,
                               prompt_logprobs=prompt_logprobs, **kw)
     except ValueError as e:
-        raise as_api_error(e, body) from e
+        raise as_api_error(e, schema_param(body)) from e
 
 
-def as_api_error(e: ValueError, body) -> APIError:
-    """400 naming the parameter; a schema that came in response_format is named so."""
+def schema_param(body, tools: bool = False) -> str | None:
+    """Where a request's JSON schema came from, when not from a json_schema field."""
+    return "tools" if tools else "response_format" if body.response_format is not None else None
+
+
+def as_api_error(e: ValueError, schema_from: str | None = None) -> APIError:
+    """400 naming the parameter; a schema that came in response_format or tools is named so."""
     msg, param = str(e), param_of(e)
-    if param == "json_schema" and body.response_format is not None:
-        msg, param = "response_format" + msg[len("json_schema"):], "response_format"
+    if param == "json_schema" and schema_from is not None:
+        msg, param = schema_from + msg[len("json_schema"):], schema_from
     return APIError(400, msg, param)
 
 
@@ -107,7 +113,8 @@ class ResponseFormat:
         if isinstance(ev, Final):
             return {**self._envelope(self.chunk_object, []), "usage": usage(ev)} \
                 if self.include_usage else None
-        return self._envelope(self.chunk_object, [self._chunk_choice(ev)])
+        choice = self._chunk_choice(ev)  # None: nothing to send for this event yet
+        return None if choice is None else self._envelope(self.chunk_object, [choice])
 
     def response(self, choices: list[Delta], final: Final) -> dict:
         return {**self._envelope(self.object, [self._choice(c) for c in choices]),
@@ -156,6 +163,12 @@ class ChatFormat(ResponseFormat):
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
+    def __init__(self, *args, tools: ToolPlan | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.tools = tools  # tools.py: how calls are constrained and read back
+        self._named_call: list[dict | None] = [None] * self.n  # streamed call, per choice
+        self._held = [""] * self.n  # required / auto: text held until the choice ends
+
     def head(self) -> list[dict]:  # each choice opens with its role
         return [self._envelope(self.chunk_object, [{
             "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -166,12 +179,41 @@ class ChatFormat(ResponseFormat):
             return None
         return chat_logprobs(self.tok, d, self.num_logprobs)
 
-    def _chunk_choice(self, d: Delta) -> dict:
+    def _finish(self, d: Delta, calls: list[dict] | None) -> str | None:
+        return "tool_calls" if calls and d.finish_reason == "stop" else d.finish_reason
+
+    def _chunk_choice(self, d: Delta) -> dict | None:
+        plan = self.tools
+        if plan is not None and plan.mode == "named":
+            # the arguments stream as they come: the call's name and id first
+            first = self._named_call[d.index] is None
+            if first:
+                self._named_call[d.index] = new_call(plan.name, "")
+            call = self._named_call[d.index]
+            part = {"index": 0, "function": {"arguments": d.text}}
+            if first:
+                part = {**part, "id": call["id"], "type": "function",
+                        "function": {"name": plan.name, "arguments": d.text}}
+            finish = "tool_calls" if d.finish_reason == "stop" else d.finish_reason
+            return {"index": d.index, "delta": {"tool_calls": [part]},
+                    "logprobs": self._logprobs(d), "finish_reason": finish}
+        if plan is not None:  # the whole text decides whether it is a call: hold it
+            self._held[d.index] += d.text
+            if not d.finish_reason:
+                return None
+            text = self._held[d.index]
+            calls = parse_calls(text, plan)
+            delta = ({"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+                     if calls else {"content": text})
+            return {"index": d.index, "delta": delta, "logprobs": self._logprobs(d),
+                    "finish_reason": self._finish(d, calls)}
         delta = {"content": d.text} if d.text or not d.finish_reason else {}
         return {"index": d.index, "delta": delta, "logprobs": self._logprobs(d),
                 "finish_reason": d.finish_reason}
 
     def _choice(self, d: Delta) -> dict:
-        return {"index": d.index, "message": {"role": "assistant", "content": d.text},
-                "logprobs": self._logprobs(d), "finish_reason": d.finish_reason,
-                "stop_reason": d.stop_reason}
+        calls = parse_calls(d.text, self.tools) if self.tools is not None else None
+        message = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
+                   else {"role": "assistant", "content": d.text})
+        return {"index": d.index, "message": message, "logprobs": self._logprobs(d),
+                "finish_reason": self._finish(d, calls), "stop_reason": d.stop_reason}

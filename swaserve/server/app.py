@@ -29,6 +29,7 @@ from swaserve.server.adapter import (
     ResponseFormat,
     as_api_error,
     sampling_params,
+    schema_param,
 )
 from swaserve.server.async_engine import AsyncEngine, Delta, EngineError, Final
 from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate, ChatTemplateError
@@ -37,6 +38,7 @@ from swaserve.server.guard import Guard
 from swaserve.server.metrics import REJECT_REASONS, Metrics
 from swaserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from swaserve.server.tokens import add_token_routes
+from swaserve.server.tools import plan_tools, render_chat
 
 log = logging.getLogger("swaserve")
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024**2
@@ -127,7 +129,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         return _tokenize(engine, prompt, param, **kw)
 
     async def prepare(params: SamplingParams, body, work: Callable[[], list[int]],
-                      param: str, max_tokens: int | None):
+                      param: str, max_tokens: int | None, schema_from: str | None = None):
         """Admit a request, then tokenize it, fit it to the context and compile its grammar
         off the event loop; the admission is handed back if any of that fails."""
         admit()
@@ -142,7 +144,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                 try:
                     grammar = await asyncio.to_thread(engine.compile_grammar, params)
                 except ValueError as e:
-                    raise as_api_error(e, body) from e
+                    raise as_api_error(e, schema_from) from e
         except BaseException:
             aengine.cancel_admission()
             raise
@@ -168,10 +170,10 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     # -- completions and chat --------------------------------------------------------------
     async def respond(body, request: Request, params: SamplingParams, ids: list[int], grammar,
                       fmt_class: type[ResponseFormat], num_logprobs: int | None,
-                      echo: tuple[str, list[int]] | None = None):
+                      **fmt_kw):
         rid = f"{fmt_class.id_prefix}-{uuid.uuid4().hex}"
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage, echo)
+        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage, **fmt_kw)
         gen = aengine.generate(ids, params, rid, grammar)
         if body.stream:
             return await _stream(aengine, rid, gen, fmt)
@@ -204,7 +206,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                 tok.decode(ids, skip_special_tokens=False) if tok is not None else "")
             echo = (text, ids)
         return await respond(body, request, params, ids, grammar, CompletionFormat,
-                             params.logprobs, echo)
+                             params.logprobs, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -216,22 +218,27 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         n_lp = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        tools = plan_tools(body)
         params = sampling_params(body, max_tokens, n_lp, max_len)
+        if tools is not None and tools.schema is not None:  # a required or named call
+            params.json_schema = tools.schema
         if end_of_turn is not None:
             params.stop_token_ids = list(params.stop_token_ids or []) + [end_of_turn]
-        messages = [m.model_dump() for m in body.messages]
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
 
         def render() -> list[int]:
             try:
-                text = template.render(messages)
+                text = render_chat(template, messages, tools)
             except ChatTemplateError as e:
                 raise APIError(400, str(e), "messages") from e
             bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
             return encode(text, "messages",
                           add_special_tokens=not (bos and text.startswith(bos)))
 
-        ids, grammar = await prepare(params, body, render, "messages", max_tokens)
-        return await respond(body, request, params, ids, grammar, ChatFormat, n_lp)
+        ids, grammar = await prepare(params, body, render, "messages", max_tokens,
+                                     schema_param(body, tools=tools is not None))
+        return await respond(body, request, params, ids, grammar, ChatFormat, n_lp,
+                             tools=tools)
 
     add_token_routes(app, engine, template, check_model)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,

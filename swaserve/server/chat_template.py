@@ -42,7 +42,8 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not compile: {e}") from e
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
         flat = []
         for m in messages:
             content = m.get("content")
@@ -56,7 +57,8 @@ class ChatTemplate:
             flat.append({**m, "content": content or ""})
         try:
             return self._t.render(messages=flat, add_generation_prompt=add_generation_prompt,
-                                  bos_token=self.bos_token, eos_token=self.eos_token)
+                                  bos_token=self.bos_token, eos_token=self.eos_token,
+                                  tools=tools)
         except ChatTemplateError:
             raise
         except Exception as e:  # noqa: BLE001 - any template failure is the request's problem

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from swaserve.server.chat_template import GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
 from swaserve.server.errors import APIError
 from swaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+from swaserve.server.tools import render_chat
 
 
 def add_token_routes(app: FastAPI, engine, template: ChatTemplate | None,
@@ -34,8 +35,9 @@ def add_token_routes(app: FastAPI, engine, template: ChatTemplate | None,
             text = body.prompt
             if text is None:
                 try:
-                    text = template.render([m.model_dump() for m in body.messages],
-                                           body.add_generation_prompt)
+                    text = render_chat(template, [m.model_dump(exclude_none=True)
+                                                  for m in body.messages], None,
+                                       body.add_generation_prompt)
                 except ChatTemplateError as e:
                     raise APIError(400, str(e), "messages") from e
             return tok.encode(text, add_special_tokens=body.add_special_tokens)

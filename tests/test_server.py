@@ -252,3 +252,39 @@ def test_bad_grammars_are_400_before_queueing(client):
         assert e.value.body["param"] == param, (extra, e.value.body)
     ok = client.completions.create(model=MODEL, prompt="x", max_tokens=2)
     assert ok.choices[0].text is not None
+
+
+def test_tool_calls_on_the_real_model(client):
+    """A named and a required call (sync and streamed) on the bundled model: the arguments
+    parse and validate against the function's schema; a second turn takes the result."""
+    import json
+
+    import jsonschema
+
+    weather = {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather,
+                                               "description": "current weather in a city"}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = client.chat.completions.create(model=MODEL, messages=ask, tools=tools,
+                                           tool_choice=choice, temperature=0, max_tokens=100)
+        [call] = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), weather)
+        args, finish = "", None
+        for ev in client.chat.completions.create(model=MODEL, messages=ask, tools=tools,
+                                                 tool_choice=choice, temperature=0,
+                                                 max_tokens=100, stream=True):
+            for ch in ev.choices:
+                finish = ch.finish_reason or finish
+                for t in ch.delta.tool_calls or []:
+                    args += t.function.arguments or ""
+        assert finish == "tool_calls" and args == call.function.arguments
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=tools,
+                                       tool_choice="none", temperature=0, max_tokens=16)
+    assert r.choices[0].message.content and r.usage.prompt_tokens > 20

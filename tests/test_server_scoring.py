@@ -147,3 +147,43 @@ def test_max_tokens_zero_needs_echo(app):
     r = run(app, fn)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     json.dumps(r.json())
+
+
+def test_a_batch_of_prompts_is_one_request_with_a_choice_per_prompt_and_n(app, tiny):
+    """lm-eval's batch_size > 1 sends a list of prompts: prompt k's completion i is choice
+    k * n + i, each scored and generated as it is alone."""
+    prompts = ["hello world", "true false null", "[1, 2, 3.5] hello"]
+
+    async def fn(client, http):
+        batch = await client.completions.create(model="tiny", prompt=prompts, echo=True,
+                                                logprobs=1, max_tokens=3, temperature=0, n=2)
+        alone = [await client.completions.create(model="tiny", prompt=p, echo=True,
+                                                 logprobs=1, max_tokens=3, temperature=0)
+                 for p in prompts]
+        events = []
+        stream = await client.completions.create(model="tiny", prompt=prompts, max_tokens=3,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True})
+        async for ev in stream:
+            events.append(ev)
+        bad = await http.post("/v1/completions", json={"prompt": ["ok", ""], "max_tokens": 2})
+        too_many = await http.post("/v1/completions", json={"prompt": ["a"] * 65, "n": 2})
+        return batch, alone, events, bad, too_many
+
+    batch, alone, events, bad, too_many = run(app, fn)
+    assert [c.index for c in batch.choices] == list(range(6))
+    for k, one in enumerate(alone):
+        for c in batch.choices[2 * k:2 * k + 2]:
+            assert c.text == one.choices[0].text and c.text.startswith(prompts[k])
+            lps, want = c.logprobs.token_logprobs, one.choices[0].logprobs.token_logprobs
+            assert lps[0] is None and lps[1:] == pytest.approx(want[1:], abs=1e-5)
+    assert batch.usage.prompt_tokens == sum(o.usage.prompt_tokens for o in alone)
+    texts = {}
+    for ev in events:
+        for c in ev.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[k] for k in range(3)] == [o.choices[0].text[len(p):]
+                                            for o, p in zip(alone, prompts)]
+    assert events[-1].usage.completion_tokens == 9
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"

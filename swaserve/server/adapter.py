@@ -96,10 +96,11 @@ class ResponseFormat:
 
     def __init__(self, request_id: str, model: str, tokenizer, n: int,
                  num_logprobs: int | None, include_usage: bool,
-                 echo: tuple[str, list[int]] | None = None):
+                 echo: list[tuple[str, list[int]]] | None = None):
         self.id, self.model, self.tok, self.n = request_id, model, tokenizer, n
         self.num_logprobs, self.include_usage = num_logprobs, include_usage
-        self.echo = echo  # completions' echo: (prompt text, prompt ids) before each choice
+        # completions' echo: per prompt (text, ids), written before each of its choices
+        self.echo = echo
         self.created = int(time.time())
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
@@ -144,8 +145,9 @@ class CompletionFormat(ResponseFormat):
     def _choice(self, d: Delta) -> dict:
         text, prompt = d.text, None
         if self.echo is not None and not self._started[d.index]:
-            text = self.echo[0] + text
-            prompt = (self.echo[1], d.prompt_logprobs)
+            prompt_text, ids = self.echo[d.index * len(self.echo) // self.n]
+            text = prompt_text + text
+            prompt = (ids, d.prompt_logprobs)
         self._started[d.index] = True
         logprobs = None
         if self.num_logprobs is not None:

@@ -11,6 +11,7 @@ request only: a 5xx body, or in a stream an `{"error": ...}` event and then `[DO
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -36,7 +37,7 @@ from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate, ChatT
 from swaserve.server.errors import APIError, error_response, validation_error
 from swaserve.server.guard import Guard
 from swaserve.server.metrics import REJECT_REASONS, Metrics
-from swaserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from swaserve.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from swaserve.server.tokens import add_token_routes
 from swaserve.server.tools import plan_tools, render_chat
 
@@ -168,16 +169,22 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                                             "max_model_len": max_len}]}
 
     # -- completions and chat --------------------------------------------------------------
-    async def respond(body, request: Request, params: SamplingParams, ids: list[int], grammar,
+    async def respond(body, request: Request, prepared: list[tuple[list[int], SamplingParams, object]],
                       fmt_class: type[ResponseFormat], num_logprobs: int | None,
                       **fmt_kw):
+        """Queue the request's prompts (each admitted and prepared) and answer with their
+        choices: prompt k's completion i is choice k * n + i."""
         rid = f"{fmt_class.id_prefix}-{uuid.uuid4().hex}"
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        fmt = fmt_class(rid, model_name, tok, params.n, num_logprobs, include_usage, **fmt_kw)
-        gen = aengine.generate(ids, params, rid, grammar)
+        n = prepared[0][1].n
+        fmt = fmt_class(rid, model_name, tok, n * len(prepared), num_logprobs, include_usage,
+                        **fmt_kw)
+        gens = [aengine.generate(ids, p, rid if len(prepared) == 1 else f"{rid}-p{k}", grammar)
+                for k, (ids, p, grammar) in enumerate(prepared)]
+        gen = gens[0] if len(gens) == 1 else _merged(gens, n)
         if body.stream:
             return await _stream(aengine, rid, gen, fmt)
-        choices, final = await _collect(aengine, rid, gen, params.n, request)
+        choices, final = await _collect(aengine, rid, gen, n * len(prepared), request)
         return fmt.response(choices, final)
 
     @app.post("/v1/completions")
@@ -192,21 +199,31 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
         prompts = body.prompt
         if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
-        if not prompts or not prompts[0]:
+        if not prompts or not all(prompts):
             raise APIError(400, "prompt: must not be empty", "prompt")
-        if len(prompts) != 1:
-            raise APIError(400, "prompt: batches of prompts are not supported; send one per request", "prompt")
+        if len(prompts) * body.n > MAX_N:
+            raise APIError(400, f"prompt: {len(prompts)} prompts x n {body.n} is more than "
+                           f"{MAX_N} choices", "prompt")
         params = sampling_params(body, body.max_tokens, body.logprobs, max_len,
                                  prompt_logprobs=body.logprobs if body.echo else None)
-        ids, grammar = await prepare(params, body, lambda: encode(prompts[0], "prompt"),
-                                     "prompt", body.max_tokens)
+        prepared = []
+        try:  # all or nothing: one bad prompt refuses the request
+            for prompt in prompts:
+                p = dataclasses.replace(params)  # max_tokens is fitted to each prompt
+                ids, grammar = await prepare(p, body, lambda q=prompt: encode(q, "prompt"),
+                                             "prompt", body.max_tokens)
+                prepared.append((ids, p, grammar))
+        except BaseException:
+            for _ in prepared:
+                aengine.cancel_admission()
+            raise
         echo = None
-        if body.echo:  # the prompt as given, or its token ids' text
-            text = prompts[0] if isinstance(prompts[0], str) else (
-                tok.decode(ids, skip_special_tokens=False) if tok is not None else "")
-            echo = (text, ids)
-        return await respond(body, request, params, ids, grammar, CompletionFormat,
-                             params.logprobs, echo=echo)
+        if body.echo:  # each prompt as given, or its token ids' text
+            echo = [(q if isinstance(q, str) else
+                     tok.decode(ids, skip_special_tokens=False) if tok is not None else "", ids)
+                    for q, (ids, _, _) in zip(prompts, prepared)]
+        return await respond(body, request, prepared, CompletionFormat, params.logprobs,
+                             echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -237,7 +254,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
 
         ids, grammar = await prepare(params, body, render, "messages", max_tokens,
                                      schema_param(body, tools=tools is not None))
-        return await respond(body, request, params, ids, grammar, ChatFormat, n_lp,
+        return await respond(body, request, [(ids, params, grammar)], ChatFormat, n_lp,
                              tools=tools)
 
     add_token_routes(app, engine, template, check_model)
@@ -262,6 +279,42 @@ def _sse(obj: dict) -> str:
 
 def _api_error(e: EngineError) -> APIError:
     return APIError(e.status, e.message, e.param, e.type, e.code)
+
+
+async def _merged(gens: list[AsyncIterator], n: int) -> AsyncIterator[Delta | Final]:
+    """The events of several prompts' requests as one request's: prompt k's completion i
+    becomes choice k * n + i, and one Final sums them. A failure of one fails the whole
+    (the others are aborted when their iterators close)."""
+    inbox: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, gen: AsyncIterator) -> None:
+        try:
+            async for ev in gen:
+                await inbox.put((k, ev))
+        except Exception as e:  # noqa: BLE001 - handed to the reader, who raises it
+            await inbox.put((k, e))
+
+    tasks = [asyncio.ensure_future(pump(k, g)) for k, g in enumerate(gens)]
+    finals: list[Final | None] = [None] * len(gens)
+    try:
+        while any(f is None for f in finals):
+            k, ev = await inbox.get()
+            if isinstance(ev, Exception):
+                raise ev
+            if isinstance(ev, Final):
+                finals[k] = ev
+                continue
+            ev.index += k * n
+            yield ev
+        yield Final(sum(f.num_prompt_tokens for f in finals),
+                    sum(f.num_cached_tokens for f in finals),
+                    [c for f in finals for c in f.num_output_tokens])
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for g in gens:
+            await g.aclose()
 
 
 async def _first_event(aengine: AsyncEngine, rid: str, gen: AsyncIterator):

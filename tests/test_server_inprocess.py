@@ -55,6 +55,10 @@ ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
                           "logprobs": True}),
     ("chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_tokens": 4}),
+    # found by tests/test_fuzz.py: text parts beside tool calls with empty arguments
+    ("chat/completions", {"messages": [{"role": "tool", "content": [{"type": "text", "text": ""}],
+                                        "tool_calls": [{"id": "", "function": {
+                                            "name": "", "arguments": ""}}]}], "max_tokens": 2}),
 ]
 
 

@@ -156,17 +156,21 @@ def template_messages(messages: list[dict], plan: ToolPlan | None,
             written = [json.dumps({"name": c["function"]["name"],
                                    "arguments": c["function"]["arguments"]}, ensure_ascii=False)
                        for c in calls]
-            m["content"] = "\n".join(filter(None, [m.get("content") or "", *written]))
+            m["content"] = "\n".join(filter(None, [_text(m.get("content")), *written]))
         if builtin and m["role"] == "tool":
             who = names.get(m.get("tool_call_id"), m.get("name") or "the function")
-            content = m.get("content") or ""
-            if isinstance(content, list):  # text parts
-                content = "".join(p.get("text", "") for p in content)
-            m = {"role": "user", "content": f"Result of {who}: {content}"}
+            m = {"role": "user", "content": f"Result of {who}: {_text(m.get('content'))}"}
         out.append(m)
     if builtin and plan is not None:
         out.insert(0, {"role": "system", "content": tool_instruction(plan.specs)})
     return out
+
+
+def _text(content) -> str:
+    """A message's content as text (OpenAI's text parts joined)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
 
 
 def render_chat(template: ChatTemplate, messages: list[dict], plan: ToolPlan | None,

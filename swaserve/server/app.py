@@ -145,7 +145,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                 try:
                     grammar = await asyncio.to_thread(engine.compile_grammar, params)
                 except ValueError as e:
-                    raise as_api_error(e, schema_from) from e
+                    raise as_api_error(e, schema_from or schema_param(body)) from e
         except BaseException:
             aengine.cancel_admission()
             raise

@@ -60,8 +60,7 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
     """This machine's limits, measured: bandwidth (B/s) and matmul FLOP/s per kernel."""
     log("[ceilings] read bandwidth")
     buf = torch.ones(weight_bytes // 4, dtype=torch.float32)
-    bw = buf.numel() * 4 / median_time(lambda: buf.sum())
-    del buf
+    bw = buf.numel() * 4 / median_time(buf.sum)
     layer = model.layers[0]
     shapes = {"qkv": layer.qkv, "gate_up": layer.gate_up, "down": layer.down,
               "lm_head": model.embed if model.lm_head is None else model.lm_head}
@@ -72,11 +71,11 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
                 continue
             x = torch.randn(rows, w.shape[1]).to(torch.bfloat16)
             flops = 2 * rows * w.shape[0] * w.shape[1]
-            t = median_time(lambda: torch.matmul(x, w.T), 5)
+            t = median_time(lambda x=x, w=w: torch.matmul(x, w.T), 5)
             out["matmul"][f"torch bf16 {name} x{rows}"] = flops / t
             q8 = model.lm_head_q8 if name == "lm_head" else layer.q8.get(name)
             if q8 is not None and q8.tiled:
-                t = median_time(lambda: q8.matmul(x, kernel="amx"), 5)
+                t = median_time(lambda x=x, q8=q8: q8.matmul(x, kernel="amx"), 5)
                 out["matmul"][f"int8 amx {name} x{rows}"] = flops / t
     out["compute"] = max(out["matmul"].values())
     ghz = clock_ghz()
@@ -115,7 +114,7 @@ def decode_run(eng, batch: int, steps: int, prompt_len: int, profile: bool):
     reqs = []
     for i in range(batch):
         ids = [2] + [(7 * i + 13 * j) % 20000 + 300 for j in range(prompt_len - 1)]
-        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=steps + 4,
+        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=4 * steps + 64,
                                                     ignore_eos=True))
     while any(not r.output_token_ids for r in reqs):
         eng.step()
@@ -179,7 +178,7 @@ def main() -> None:
     log(f"[decode] loading (batches {args.batches})")
     eng = Engine(dtype="bfloat16", prefix_cache=False, max_running_requests=max(args.batches),
                  kv_memory=f"{max(2, max(args.batches) * 31 // 1024 + 2)}GiB",
-                 max_model_len=max(args.prompt_len + args.steps + 8, 1024))
+                 max_model_len=max(args.prompt_len + 4 * args.steps + 72, 1024))
     cfg = eng.model_config
     layers_p, head_p = param_counts(eng.model)
     ceil = ceilings(eng.model, threads, weight_bytes)

@@ -74,6 +74,9 @@ class EngineConfig:
     mem_fraction: float | None = field(default=None, metadata={
         "help": "KV budget as a fraction of free memory after weights and activations"})
     prefix_cache: bool = field(default=True, metadata={"help": "share the KV of cached prompt prefixes"})
+    profile: bool = field(default=False, metadata={
+        "help": "time each part of a step (LM head, projections, attention, host work): "
+                "Engine.profile.report(); SWASERVE_PROFILE=1 does the same"})
     json_bounds: bool = field(default=True, metadata={
         "help": "JSON-schema output: numbers the schema leaves open get at most 16 integer "
                 "and 10 fraction digits and no exponent, so that an answer ends"})

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swaserve import profile
 from swaserve.config import EngineConfig
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.loading import load_model, plan_kv
@@ -45,6 +46,7 @@ from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.memory.kv_cache import KVCache
 from swaserve.models.context import PromptScore
+from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerOutput, has_penalty
@@ -151,6 +153,8 @@ class Engine:
         # diagnostics: when a list, every sampled logits row is appended as
         # (request_id, position, float32 logits); tests compare them to a reference
         self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
+        # EngineConfig.profile or SWASERVE_PROFILE=1: each part's time (swaserve/profile.py)
+        self.profile = profile.start() if config.profile or profile.requested() else None
 
     @property
     def step_in_flight(self) -> _Launched | None:
@@ -255,6 +259,7 @@ class Engine:
             self.output.release(request_id)
 
     # -- the step --------------------------------------------------------------------------
+    @timed("host (rest of the step)")
     def step(self) -> list[Request]:
         """Run one step; returns the requests that gained a token, finished or failed. With
         overlap these are the previous step's, and the next step is already computing."""
@@ -402,6 +407,7 @@ class Engine:
         return (req.grammar is None and not p.stop and not has_penalty(p)
                 and req.request_id not in self._forks)
 
+    @timed("postprocess")
     def postprocess(self, batch: Batch, owners: list[tuple[int, Request]],
                     out: SamplerOutput, failed: dict[int, BaseException] | None = None
                     ) -> list[Request]:

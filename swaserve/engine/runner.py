@@ -23,6 +23,7 @@ from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
 from swaserve.models.context import AttnGroup, ForwardContext, KeyView, PromptScore
 from swaserve.models.registry import model_class
+from swaserve.profile import timed
 
 log = logging.getLogger("swaserve")
 
@@ -82,6 +83,7 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
+    @timed("prepare inputs")
     def prepare(self, batch: Batch, pending: dict[str, int] | None = None) -> PreparedBatch:
         """`pending` maps a request id to the row of the previous step's sampler output that
         holds its input token, for requests whose last token is not read back yet."""

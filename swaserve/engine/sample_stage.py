@@ -15,6 +15,7 @@ import torch
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
+from swaserve.profile import timed
 from swaserve.sampling.grammar import mask_biases
 from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
 
@@ -36,6 +37,7 @@ class SampleStage:
         if self.faults is not None:
             self.faults.check(stage, [r.request_id for r in reqs])
 
+    @timed("sampler rows + grammar masks")
     def rows(self, sampled: list[ScheduledSeq], forks: dict[str, list[Request]]
              ) -> tuple[list[SamplerRow], Owners, dict[int, BaseException]]:
         """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
@@ -86,6 +88,7 @@ class SampleStage:
                 masks.append(None)
         return masks
 
+    @timed("sampler")
     def sample(self, logits: torch.Tensor, rows: list[SamplerRow], owners: Owners
                ) -> SamplerOutput:
         """Sample the batch, or its rows one by one if that raises (`out.failed`)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from swaserve.engine.request import FinishReason, Request, RequestStatus
 from swaserve.memory.kv_cache import KVCache
+from swaserve.profile import timed
 
 MAX_RETRACTIONS = 2  # then a request is admitted with its whole need and never retracted
 ESTIMATE_CLIP = 4096  # new tokens counted at most per request in the growth estimate
@@ -150,6 +151,7 @@ class Scheduler:
             req.cache_node = None
 
     # -- one step --------------------------------------------------------------------------
+    @timed("schedule")
     def schedule(self, can_retract: bool = True) -> Batch:
         """The next step's batch. `can_retract=False` while a step is in flight: a request
         that would need a retraction is left out and the batch marked `blocked`."""

@@ -18,6 +18,7 @@ from swaserve.kernels.attention import decode_attention_bf16
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
 from swaserve.models.context import ForwardContext
+from swaserve.profile import timed
 
 
 class AttentionBackend(Protocol):
@@ -35,6 +36,7 @@ class SDPABackend:
         self.layout = cache.layout
         self._dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
 
+    @timed("attention")
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  ctx: ForwardContext, scale: float, sinks: torch.Tensor | None = None
                  ) -> torch.Tensor:

@@ -22,6 +22,7 @@ from swaserve.models.context import ForwardContext
 from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
+from swaserve.profile import timed
 
 SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
 
@@ -42,6 +43,7 @@ class DecoderLayerBase(nn.Module):
         self.o = nn.Parameter(torch.empty(h, self.q_size))
         self.q8: dict[str, Q8Weight] = {}  # exact int8 copies for small batches (use_q8)
 
+    @timed("norms + activations")  # q/k norms and RoPE
     def heads(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,6 +136,7 @@ class CausalLM(nn.Module):
             return None
         return self._fused[1].steps if self._fused[1].ok else 0
 
+    @timed("fused decode layers")
     def _fused_layers(self, x: torch.Tensor, rope: dict, ctx: ForwardContext
                       ) -> torch.Tensor | None:
         """All layers of a decode step in one C call where the family and the step allow
@@ -144,6 +147,7 @@ class CausalLM(nn.Module):
             self._fused = (self.attn, FusedDecode(self.layers, self.attn))
         return self._fused[1].run(x, rope, ctx, self.scale)
 
+    @timed("forward (embedding, rope, rest)")
     def forward(self, ctx: ForwardContext) -> torch.Tensor:
         """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
         the sampler widens them to float32 only where it edits or samples (a greedy batch
@@ -169,6 +173,7 @@ class CausalLM(nn.Module):
         return self._head(rms_norm(x[ctx.logits_indices], self.final_norm,
                                    self.cfg.rms_norm_eps), ctx)
 
+    @timed("lm head")
     def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Logits of final-normed hidden rows (soft-capped where the family caps them)."""
         logits = None
@@ -183,6 +188,7 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits.float() / cap) * cap
         return logits
 
+    @timed("prompt scoring")
     def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:
         """Fill ctx.score: each scored row's log-softmax, SCORE_ROWS rows at a time, of
         which only the next token's value and the top-n are kept."""

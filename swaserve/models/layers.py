@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from swaserve.kernels.gelu import gelu_tanh_mul_bf16
 from swaserve.kernels.norm import add_rms_norm_bf16, rms_norm_bf16
 from swaserve.kernels.q8 import Q8Weight
+from swaserve.profile import timed
 
 
+@timed("norms + activations")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32; `weight` is the full multiplier (Gemma's 1 + w is folded
     in at load time). bf16 rows on the CPU take one C call (kernels/norm.py; a Gemma layer
@@ -22,6 +24,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
 
 
+@timed("norms + activations")
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, w_delta: torch.Tensor | None,
                  w_next: torch.Tensor | None, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -35,6 +38,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, w_delta: torch.Tensor | N
     return x, None if w_next is None else rms_norm(x, w_next, eps)
 
 
+@timed("norms + activations")
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim (the GeGLU MLP):
     bf16 rows on the CPU take one C call (kernels/gelu.py), others torch's two ops."""
@@ -107,6 +111,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+@timed("projections")
 def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
            q8: Q8Weight | None = None, kernel: str | None = None) -> torch.Tensor:
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster

@@ -112,9 +112,12 @@ def decode_run(eng, batch: int, steps: int, prompt_len: int, profile: bool):
     from swaserve.sampling.params import SamplingParams
 
     reqs = []
+    # the first admitted decode while the last prompts are still prefilling, and the
+    # prefill budget left beside their decodes shrinks as more run: room for that
+    longest = steps + 2 * batch + 32
     for i in range(batch):
         ids = [2] + [(7 * i + 13 * j) % 20000 + 300 for j in range(prompt_len - 1)]
-        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=4 * steps + 64,
+        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=longest,
                                                     ignore_eos=True))
     while any(not r.output_token_ids for r in reqs):
         eng.step()
@@ -178,7 +181,8 @@ def main() -> None:
     log(f"[decode] loading (batches {args.batches})")
     eng = Engine(dtype="bfloat16", prefix_cache=False, max_running_requests=max(args.batches),
                  kv_memory=f"{max(2, max(args.batches) * 31 // 1024 + 2)}GiB",
-                 max_model_len=max(args.prompt_len + 4 * args.steps + 72, 1024))
+                 max_model_len=max(args.prompt_len + args.steps + 2 * max(args.batches) + 40,
+                                   1024))
     cfg = eng.model_config
     layers_p, head_p = param_counts(eng.model)
     ceil = ceilings(eng.model, threads, weight_bytes)

@@ -46,10 +46,11 @@ def assert_same_bits(fused: list, plain: list, tokens: int) -> None:
         assert all(torch.equal(a, b) for a, b in zip(la, lb))
 
 
-@pytest.mark.parametrize("batch", [1, 3, q8.VNNI_ROWS + 2])
+@pytest.mark.parametrize("batch", [1, 3, q8.VNNI_ROWS + 2, 40])
 def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
     """Sliding and full layers, rings that wrap (prompts and outputs past the window),
-    rows of different lengths (masks), the VNNI and the AMX row counts."""
+    rows of different lengths (masks), the VNNI and the AMX row counts (40: past the 32
+    rows the AMX path once stopped at)."""
     eng = bf16_engine_with_int8_weights(tiny_hybrid[0], max_running_requests=batch)
     prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(batch)]
     fused, plain, steps = decode_runs(eng, prompts, 3 * W)

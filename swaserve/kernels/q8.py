@@ -17,8 +17,8 @@ without a compiler the bf16 path is used). Two layouts:
   group, scales and offsets applied in float32): the file's exact weights, ~1e-5 from a
   float64 product where the bf16 copy's weights are ~2e-3 off. More rows go to `q8_amx`,
   which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
-  bf16 copy) and multiplies it on the tile unit, up to AMX_ROWS rows. What each costs, and
-  why the row limits are where they are: benchmarks/README.md (sessions 3 and 5).
+  bf16 copy) and multiplies it on the tile unit, for any number of rows. What each costs,
+  and why the row limits are where they are: benchmarks/README.md (sessions 3, 5 and 7).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from swaserve.kernels import build
 BLOCK = 32
 MAX_ROWS = build.constants()["Q8_MAX_ROWS"]  # rows one q8_matvec call takes
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
-AMX_ROWS = 32  # up to this many rows q8_amx beats bf16 (benchmarks/README.md)
+# q8_amx takes a decode step of any size: alone, one product at 128 rows is about as fast
+# as bf16's and slower at 512, but in a step (the fused layers and the LM head) 64, 128
+# and 256 rows ran 1.8x, 1.45x and 1.4x faster than bf16 (benchmarks/README.md, session 7)
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
@@ -86,12 +88,11 @@ def vnni_available() -> bool:
     return _vnni_ok
 
 
-def tile_kernel(m: int, kernel: str | None = None, best_only: bool = True) -> str | None:
+def tile_kernel(m: int, kernel: str | None = None) -> str | None:
     """The tile kernel for m rows: `kernel` ("vnni" or "amx") if it is here and takes them;
-    without one, q8_vnni up to VNNI_ROWS, q8_amx up to AMX_ROWS (any m with `best_only`
-    off). None when none does."""
+    without one, q8_vnni up to VNNI_ROWS, else q8_amx. None when none does."""
     vnni = m <= (VNNI_MAX_ROWS if kernel else VNNI_ROWS) and vnni_available()
-    amx = (m <= AMX_ROWS or not best_only) and amx_available()
+    amx = amx_available()
     if kernel is not None:
         return kernel if {"vnni": vnni, "amx": amx}[kernel] else None
     return "vnni" if vnni else "amx" if amx else None
@@ -265,8 +266,7 @@ class Q8Weight:
         """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
         once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
         it. Tiles take bf16 x: up to VNNI_ROWS rows through q8_vnni (the exact weights,
-        int16 activations), more through q8_amx (the bf16 copy's weights, best up to
-        AMX_ROWS); `kernel` ("vnni" or "amx") picks one whatever the rows. Rows take up to
+        int16 activations), more through q8_amx (the bf16 copy's weights); `kernel` ("vnni" or "amx") picks one whatever the rows. Rows take up to
         MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second
         pass over every output, ~2 ms of a batch-32 step); the rows kernel writes float32,
         cast here."""
@@ -278,7 +278,7 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            kernel = tile_kernel(x.shape[0], kernel, best_only=False)
+            kernel = tile_kernel(x.shape[0], kernel)
             fn = vnni_entry() if kernel == "vnni" else amx_entry() if kernel == "amx" else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)

@@ -16,7 +16,7 @@ from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
-from swaserve.kernels.q8 import AMX_ROWS, Q8Weight
+from swaserve.kernels.q8 import Q8Weight
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import ForwardContext
 from swaserve.models.fused_decode import FusedDecode
@@ -25,6 +25,7 @@ from swaserve.models.weight_map import WeightMap, load_by_map
 from swaserve.profile import timed
 
 SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
+LOGITS_MIN_ROWS = 32  # the reused logits buffer holds at least this many rows
 
 
 class DecoderLayerBase(nn.Module):
@@ -125,7 +126,7 @@ class CausalLM(nn.Module):
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         n = self.lm_head_q8.shape[0]
         if self._logits_out is None or self._logits_out.numel() < rows * n:
-            self._logits_out = torch.empty(max(rows, AMX_ROWS) * n, dtype=torch.float32)
+            self._logits_out = torch.empty(max(rows, LOGITS_MIN_ROWS) * n, dtype=torch.float32)
         return self._logits_out[:rows * n].view(rows, n)
 
     @property

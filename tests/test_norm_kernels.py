@@ -129,3 +129,25 @@ def test_fused_layer_ops_fall_back_to_torch_with_the_same_results():
     ref_x = x + norm(d)
     assert got_x.dtype == torch.float32 and torch.allclose(got_x, ref_x, atol=1e-5)
     assert torch.allclose(got_h, norm(ref_x), atol=1e-5)
+
+
+@kernels
+def test_norms_over_threads_give_one_threads_bits():
+    """A prompt chunk's norms are split over threads (from 64k values): row by row the same
+    arithmetic, so the same bits as one thread."""
+    from swaserve.kernels.norm import add_rms_norm_bf16, rms_norm_bf16
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(300, 640, generator=g) * 5).to(torch.bfloat16)
+    d = (torch.randn(300, 640, generator=g) * 2).to(torch.bfloat16)
+    w = torch.rand(640, generator=g) + 0.5
+    threads = torch.get_num_threads()
+    runs = []
+    for n in (1, max(2, threads)):
+        torch.set_num_threads(n)
+        try:
+            runs.append((rms_norm_bf16(x, w, 1e-6), *add_rms_norm_bf16(x, d, w, w, 1e-6)))
+        finally:
+            torch.set_num_threads(threads)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

@@ -79,7 +79,7 @@ int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
     for (int64_t i = 0; i < num_layers; i++) {
         const layer_t *L = layers + i;
         const kind_t *kd = kinds + L->kind;
-        f->norm(x, L->attn_norm, b->h, m, 1, hidden, 0, hidden, eps);
+        f->norm(x, L->attn_norm, b->h, m, 1, hidden, 0, hidden, eps, threads);
         Q8(L->qkv, b->h, b->qkv);
         f->rope(b->qkv, qkv_n, L->q_norm, L->k_norm, kd->cos, kd->sin, head_dim, b->q, b->k,
                 m, heads, kv_heads, head_dim, eps, threads);
@@ -97,11 +97,13 @@ int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
                           b->attn, m, heads, kv_heads, head_dim, kd->keys, scale, threads)))
             return rc;
         Q8(L->o, b->attn, b->o);
-        f->add_norm(x, b->o, hidden, L->post_attn_norm, L->ffn_norm, x, b->h, m, hidden, eps);
+        f->add_norm(x, b->o, hidden, L->post_attn_norm, L->ffn_norm, x, b->h, m, hidden, eps,
+                    threads);
         Q8(L->gate_up, b->h, b->gu);
         f->gelu(b->gu, b->act, m, L->gate_up.n / 2, L->gate_up.n, threads);
         Q8(L->down, b->act, b->down);
-        f->add_norm(x, b->down, hidden, L->post_ffn_norm, NULL, x, NULL, m, hidden, eps);
+        f->add_norm(x, b->down, hidden, L->post_ffn_norm, NULL, x, NULL, m, hidden, eps,
+                    threads);
     }
 #undef Q8
     return 0;

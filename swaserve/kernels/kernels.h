@@ -41,10 +41,10 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
 /* norm.c */
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
                    int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
-                   float eps);
+                   float eps, int threads);
 void add_rms_norm_bf16(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
                        const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
-                       int64_t d, float eps);
+                       int64_t d, float eps, int threads);
 void qk_norm_rope_bf16(const uint16_t *qkv, int64_t ld, const float *qw, const float *kw,
                        const uint16_t *cos, const uint16_t *sin, int64_t ld_cs,
                        uint16_t *q_out, uint16_t *k_out, int64_t t, int64_t h, int64_t kvh,

@@ -32,11 +32,14 @@ static inline void norm_row(const float *row, const float *w, int64_t d, float e
     }
 }
 
+/* Rows are independent: split over threads from 64k values on (a prompt chunk), one row's
+ * arithmetic the same whoever computes it */
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
                    int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
-                   float eps) {
-    float row[NORM_MAX_DIM];
+                   float eps, int threads) {
+#pragma omp parallel for num_threads(threads) if (outer * inner * d >= 65536) schedule(static)
     for (int64_t o = 0; o < outer; o++) {
+        float row[NORM_MAX_DIM];
         for (int64_t i = 0; i < inner; i++) {
             const uint16_t *xr = x + o * stride_outer + i * stride_inner;
 #pragma omp simd
@@ -49,9 +52,10 @@ void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer
 /* x, x_out, h [rows][d]; dl [rows] with row stride ld; wd, wn [d] or NULL */
 void add_rms_norm_bf16(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
                        const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
-                       int64_t d, float eps) {
-    float row[NORM_MAX_DIM], nd[NORM_MAX_DIM];
+                       int64_t d, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) if (rows * d >= 65536) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
+        float row[NORM_MAX_DIM], nd[NORM_MAX_DIM];
         const uint16_t *dr = dl + r * ld;
         if (wd) {
 #pragma omp simd

@@ -41,7 +41,8 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     outer, inner = x.shape[0], (x.shape[1] if x.dim() == 3 else 1)
     s_outer, s_inner = x.stride(0), (x.stride(1) if x.dim() == 3 else 0)
     y = torch.empty(x.shape, dtype=torch.bfloat16)
-    fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), outer, inner, s_outer, s_inner, d, eps)
+    fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), outer, inner, s_outer, s_inner, d, eps,
+       torch.get_num_threads())
     return y
 
 
@@ -61,7 +62,8 @@ def add_rms_norm_bf16(x: torch.Tensor, delta: torch.Tensor, w_delta: torch.Tenso
     fn(x.data_ptr(), delta.data_ptr(), delta.stride(0),
        None if w_delta is None else w_delta.data_ptr(),
        None if w_next is None else w_next.data_ptr(), x_out.data_ptr(),
-       None if h is None else h.data_ptr(), x.shape[0], x.shape[1], eps)
+       None if h is None else h.data_ptr(), x.shape[0], x.shape[1], eps,
+       torch.get_num_threads())
     return x_out, h
 
 

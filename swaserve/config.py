@@ -97,6 +97,9 @@ class EngineConfig:
                 "4-9 percent longer with it)"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    adaptive_threads: bool = field(default=True, metadata={
+        "help": "on a CPU, use fewer threads while another process takes a core, all of "
+                "them again once it is gone (engine/threads.py; off in batch-invariant mode)"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))

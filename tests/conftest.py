@@ -8,6 +8,9 @@ import pytest
 import torch
 
 os.environ.setdefault("SWASERVE_NO_PROGRESS", "1")
+# bitwise comparisons must not see a thread count change halfway (engine/threads.py);
+# tests/test_threads.py drives the governor itself
+os.environ.setdefault("SWASERVE_FIXED_THREADS", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 TINY_WINDOW = 8

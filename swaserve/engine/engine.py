@@ -44,6 +44,7 @@ from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
 from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
+from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
@@ -104,7 +105,8 @@ class Engine:
         elif overrides:
             config = dataclasses.replace(config, **overrides)
         self.config = config
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        threads = config.num_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
         if str(config.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device: cuda was asked for but torch sees no CUDA device")
         self.device = torch.device(config.device)
@@ -148,6 +150,9 @@ class Engine:
         self._seq = itertools.count()
         self._open: list[_Launched] = []  # launched steps not postprocessed yet
         self._scheduling: Batch | None = None  # the batch being prepared, until launched
+        self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
+                         and self.device.type == "cpu" and not config.batch_invariant
+                         and not os.environ.get(FIXED_THREADS_ENV) else None)
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
         # diagnostics: when a list, every sampled logits row is appended as
@@ -264,9 +269,12 @@ class Engine:
         """Run one step; returns the requests that gained a token, finished or failed. With
         overlap these are the previous step's, and the next step is already computing."""
         try:
-            return self._step()
+            changed = self._step()
         except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
             return self._fail_step(e)
+        if self.governor is not None and self.last_step is not None:
+            self.governor.after_step(self.last_step.seconds)
+        return changed
 
     def _step(self) -> list[Request]:
         return self._overlap_step() if self.overlap else self._plain_step()

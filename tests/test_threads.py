@@ -1,0 +1,74 @@
+"""ThreadGovernor (engine/threads.py): a thread fewer while another process holds a core
+(many involuntary context switches a step and a second), all of them again once the cores
+it gave up idle; quiet steps, long or short, change nothing. Driven by fake counters."""
+
+from __future__ import annotations
+
+from swaserve.engine.threads import CHECK_S, WINDOW, ThreadGovernor
+
+
+class Machine:
+    def __init__(self):
+        self.switches, self.idle, self.now, self.set_to = 0, 0.0, 0.0, []
+
+    def governor(self, threads: int) -> ThreadGovernor:
+        return ThreadGovernor(threads, lambda: self.switches, lambda: self.idle,
+                              lambda: self.now, self.set_to.append)
+
+    def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float):
+        self.now += seconds
+        self.switches += switches
+        self.idle += idle_cores * seconds
+        gov.after_step(seconds)
+
+
+def test_quiet_steps_keep_every_thread():
+    m = Machine()
+    gov = m.governor(2)
+    for i in range(50):
+        m.step(gov, 0.016, i % 2, 0.0)  # decode: 0-1 switches
+    for _ in range(10):
+        m.step(gov, 0.150, 6, 0.0)  # prefill: a few switches in a long step, ~40 a second
+    assert gov.threads == 2 and m.set_to == []
+
+
+def test_a_taken_core_costs_one_thread_until_it_is_free_again():
+    m = Machine()
+    gov = m.governor(2)
+    for _ in range(WINDOW):
+        m.step(gov, 0.130, 14, 0.0)  # beside a busy process: ~100 switches a second
+    assert gov.threads == 1 and m.set_to == [1]
+    for _ in range(20):  # still busy: the core it left is taken, nothing idles
+        m.step(gov, 0.030, 1, 0.0)
+    assert gov.threads == 1
+    for _ in range(int(3 * CHECK_S / 0.030)):  # the other process ended: a core idles
+        m.step(gov, 0.030, 0, 1.0)
+    assert gov.threads == 2 and m.set_to == [1, 2]
+
+
+def test_more_cores_give_up_one_thread_at_a_time():
+    m = Machine()
+    gov = m.governor(4)
+    for _ in range(WINDOW):
+        m.step(gov, 0.100, 12, 0.0)
+    assert gov.threads == 3
+    for _ in range(WINDOW):
+        m.step(gov, 0.100, 12, 0.0)
+    assert gov.threads == 2 and m.set_to == [3, 2]
+    for _ in range(int(3 * CHECK_S / 0.05)):
+        m.step(gov, 0.050, 0, 0.5)  # half a core idle of the two given up: not free yet
+    assert gov.threads == 2
+    for _ in range(int(3 * CHECK_S / 0.05)):
+        m.step(gov, 0.050, 0, 2.0)
+    assert gov.threads == 4
+
+
+def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monkeypatch):
+    from conftest import tiny_engine
+
+    monkeypatch.delenv("SWASERVE_FIXED_THREADS")
+    assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is not None
+    assert tiny_engine(tiny_hybrid[0], num_threads=2, adaptive_threads=False).governor is None
+    assert tiny_engine(tiny_hybrid[0], num_threads=2, batch_invariant=True).governor is None
+    monkeypatch.setenv("SWASERVE_FIXED_THREADS", "1")
+    assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is None

@@ -33,7 +33,10 @@ MAX_ROWS = build.constants()["Q8_MAX_ROWS"]  # rows one q8_matvec call takes
 FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md)
 # q8_amx takes a decode step of any size: alone, one product at 128 rows is about as fast
 # as bf16's and slower at 512, but in a step (the fused layers and the LM head) 64, 128
-# and 256 rows ran 1.8x, 1.45x and 1.4x faster than bf16 (benchmarks/README.md, session 7)
+# and 256 rows ran 1.8x, 1.45x and 1.4x faster than bf16 (benchmarks/README.md, session 7).
+# A prompt chunk (kernel "amx") goes to it up to PROMPT_AMX_ROWS rows and to bf16 above:
+# a 512-row product runs ~1.5x faster in bf16, a whole 512-token prefill ~5 %
+PROMPT_AMX_ROWS = 32
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
@@ -88,11 +91,12 @@ def vnni_available() -> bool:
     return _vnni_ok
 
 
-def tile_kernel(m: int, kernel: str | None = None) -> str | None:
-    """The tile kernel for m rows: `kernel` ("vnni" or "amx") if it is here and takes them;
-    without one, q8_vnni up to VNNI_ROWS, else q8_amx. None when none does."""
+def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> str | None:
+    """The tile kernel for m rows: `kernel` ("vnni" or "amx", for a prompt chunk up to
+    PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them; without one,
+    q8_vnni up to VNNI_ROWS, else q8_amx. None when none does."""
     vnni = m <= (VNNI_MAX_ROWS if kernel else VNNI_ROWS) and vnni_available()
-    amx = amx_available()
+    amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
         return kernel if {"vnni": vnni, "amx": amx}[kernel] else None
     return "vnni" if vnni else "amx" if amx else None
@@ -266,7 +270,8 @@ class Q8Weight:
         """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
         once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
         it. Tiles take bf16 x: up to VNNI_ROWS rows through q8_vnni (the exact weights,
-        int16 activations), more through q8_amx (the bf16 copy's weights); `kernel` ("vnni" or "amx") picks one whatever the rows. Rows take up to
+        int16 activations), more through q8_amx (the bf16 copy's weights); `kernel` ("vnni"
+        or "amx") picks one whatever the rows. Rows take up to
         MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second
         pass over every output, ~2 ms of a batch-32 step); the rows kernel writes float32,
         cast here."""
@@ -278,7 +283,7 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            kernel = tile_kernel(x.shape[0], kernel)
+            kernel = tile_kernel(x.shape[0], kernel, any_rows=True)
             fn = vnni_entry() if kernel == "vnni" else amx_entry() if kernel == "amx" else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)

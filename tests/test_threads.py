@@ -1,10 +1,11 @@
 """ThreadGovernor (engine/threads.py): a thread fewer while another process holds a core
-(many involuntary context switches a step and a second), all of them again once the cores
-it gave up idle; quiet steps, long or short, change nothing. Driven by fake counters."""
+(many involuntary context switches a step and a second), kept only if a token then costs
+less, all of them again once the cores it gave up idle; quiet steps, long or short, change
+nothing. Driven by fake counters."""
 
 from __future__ import annotations
 
-from swaserve.engine.threads import CHECK_S, WINDOW, ThreadGovernor
+from swaserve.engine.threads import BACKOFF_S, CHECK_S, WINDOW, ThreadGovernor
 
 
 class Machine:
@@ -15,11 +16,12 @@ class Machine:
         return ThreadGovernor(threads, lambda: self.switches, lambda: self.idle,
                               lambda: self.now, self.set_to.append)
 
-    def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float):
+    def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float,
+             tokens: int = 1):
         self.now += seconds
         self.switches += switches
         self.idle += idle_cores * seconds
-        gov.after_step(seconds)
+        gov.after_step(seconds, tokens)
 
 
 def test_quiet_steps_keep_every_thread():
@@ -38,9 +40,9 @@ def test_a_taken_core_costs_one_thread_until_it_is_free_again():
     for _ in range(WINDOW):
         m.step(gov, 0.130, 14, 0.0)  # beside a busy process: ~100 switches a second
     assert gov.threads == 1 and m.set_to == [1]
-    for _ in range(20):  # still busy: the core it left is taken, nothing idles
+    for _ in range(20):  # still busy, and a step is 4x faster: kept, nothing idles
         m.step(gov, 0.030, 1, 0.0)
-    assert gov.threads == 1
+    assert gov.threads == 1 and m.set_to == [1]
     for _ in range(int(3 * CHECK_S / 0.030)):  # the other process ended: a core idles
         m.step(gov, 0.030, 0, 1.0)
     assert gov.threads == 2 and m.set_to == [1, 2]
@@ -52,15 +54,37 @@ def test_more_cores_give_up_one_thread_at_a_time():
     for _ in range(WINDOW):
         m.step(gov, 0.100, 12, 0.0)
     assert gov.threads == 3
-    for _ in range(WINDOW):
-        m.step(gov, 0.100, 12, 0.0)
+    for _ in range(WINDOW):  # faster (kept), and still contended: one more on trial
+        m.step(gov, 0.070, 12, 0.0)
     assert gov.threads == 2 and m.set_to == [3, 2]
+    for _ in range(WINDOW):  # faster again: kept
+        m.step(gov, 0.040, 0, 0.0)
+    assert gov.threads == 2
     for _ in range(int(3 * CHECK_S / 0.05)):
         m.step(gov, 0.050, 0, 0.5)  # half a core idle of the two given up: not free yet
     assert gov.threads == 2
     for _ in range(int(3 * CHECK_S / 0.05)):
         m.step(gov, 0.050, 0, 2.0)
     assert gov.threads == 4
+
+
+def test_a_drop_that_does_not_pay_is_undone_and_not_tried_again_for_a_while():
+    """Another process takes part of a core (an HTTP client on the same machine): the
+    switches say "taken", but one thread computes a token slower than two did."""
+    m = Machine()
+    gov = m.governor(2)
+    for _ in range(WINDOW):
+        m.step(gov, 0.050, 8, 0.0, tokens=32)
+    assert gov.threads == 1
+    for _ in range(WINDOW):
+        m.step(gov, 0.060, 1, 0.0, tokens=32)
+    assert gov.threads == 2 and m.set_to == [1, 2]
+    for _ in range(int(BACKOFF_S / 0.050) - 2 * WINDOW):  # contended, but backing off
+        m.step(gov, 0.050, 8, 0.0, tokens=32)
+    assert gov.threads == 2
+    for _ in range(5 * WINDOW):  # the back-off is over: tried again, undone again
+        m.step(gov, 0.050 if gov.threads == 2 else 0.060, 8, 0.0, tokens=32)
+    assert m.set_to[:4] == [1, 2, 1, 2]
 
 
 def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monkeypatch):

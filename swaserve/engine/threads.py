@@ -9,9 +9,15 @@ preempted shows as involuntary context switches: quiet, a decode step sees 0-1; 
 busy process, 14-30, about 100 a second. A long quiet step sees a few too (a 150 ms
 prefill step 3-7, some 40 a second), so both count: after each step the governor reads the
 process's count (getrusage), and when over the last WINDOW steps the median is
-DROP_SWITCHES or more a step and DROP_RATE or more a second, it takes one thread away. While it runs with fewer threads it reads the machine's idle time
-(/proc/stat) every CHECK_S seconds: the cores it left free idle once the other process
-is gone, and it gives all the threads back.
+DROP_SWITCHES or more a step and DROP_RATE or more a second, it takes one thread away. That only pays when the other process really holds the core (a busy
+loop: 132 ms a step before, 31 after); a process that takes part of one (the benchmark's
+HTTP client on the same two cores) slows the fewer threads more than it slowed all of
+them. So the drop is a trial: after WINDOW steps with fewer threads, if a token costs no
+less than KEEP_GAIN of what it cost just before, every thread comes back and no drop is
+tried for a back-off (BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S).
+While it runs with fewer threads it reads the machine's idle time (/proc/stat) every
+CHECK_S seconds: the cores it left free idle once the other process is gone, and it
+gives all the threads back.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
@@ -37,6 +43,8 @@ FIXED_THREADS_ENV = "SWASERVE_FIXED_THREADS"
 WINDOW = 4  # steps whose median switch count decides
 DROP_SWITCHES = 4  # involuntary context switches a step (and a second, below) that mean
 DROP_RATE = 70.0  # a core is taken
+KEEP_GAIN = 0.9  # fewer threads are kept when a token costs below this share of before
+BACKOFF_S, BACKOFF_MAX_S = 5.0, 80.0  # after a drop that did not pay: no trial for this long
 CHECK_S = 0.25  # with fewer threads: how often the idle time is read
 FREE_SHARE = 0.6  # of each core given up, idle: the other process is gone
 
@@ -63,24 +71,40 @@ class ThreadGovernor:
         self.full = threads
         self.threads = threads
         self._switches, self._idle, self._clock, self._set = switches, idle, clock, set_threads
-        self._recent: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (switches, rate)
+        # (switches, switches a second, seconds a token) of the last steps
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=WINDOW)
         self._last_switches = switches()
         self._check_at = 0.0
         self._last_idle: tuple[float, float] | None = None  # (clock, idle seconds)
+        self._trial: float | None = None  # cost of a token before the drop on trial
+        self._backoff = BACKOFF_S
+        self._no_trial_until = 0.0
         self.changes = 0  # times it changed the thread count
 
-    def after_step(self, seconds: float) -> None:
-        """Call once a step of `seconds` is done (on the thread that runs the steps)."""
+    def after_step(self, seconds: float, tokens: int) -> None:
+        """Call once a step of `seconds` computing `tokens` is done (on the thread that
+        runs the steps)."""
         now_switches = self._switches()
         n = now_switches - self._last_switches
-        self._recent.append((n, n / max(seconds, 1e-3)))
+        self._recent.append((n, n / max(seconds, 1e-3), seconds / max(tokens, 1)))
         self._last_switches = now_switches
-        if (self.threads > 1 and len(self._recent) == WINDOW
-                and statistics.median(c for c, _ in self._recent) >= DROP_SWITCHES
-                and statistics.median(r for _, r in self._recent) >= DROP_RATE):
+        full = len(self._recent) == WINDOW
+        if self._trial is not None and full:  # did the drop pay?
+            cost = statistics.median(c for _, _, c in self._recent)
+            if cost >= KEEP_GAIN * self._trial:
+                self._no_trial_until = self._clock() + self._backoff
+                self._backoff = min(2 * self._backoff, BACKOFF_MAX_S)
+                self._change(self.full, "fewer threads were not faster")
+                return
+            self._trial, self._backoff = None, BACKOFF_S
+        if (self.threads > 1 and full and self._clock() >= self._no_trial_until
+                and statistics.median(c for c, _, _ in self._recent) >= DROP_SWITCHES
+                and statistics.median(r for _, r, _ in self._recent) >= DROP_RATE):
+            cost = statistics.median(c for _, _, c in self._recent)
             self._change(self.threads - 1, "a core is taken by other work")
+            self._trial = cost
             return
-        if self.threads < self.full:
+        if self.threads < self.full and self._trial is None:
             self._check_free()
 
     def _check_free(self) -> None:
@@ -104,6 +128,7 @@ class ThreadGovernor:
         self.threads = threads
         self._set(threads)
         self._recent.clear()
+        self._trial = None
         self._last_idle = None
         self._check_at = 0.0
         self.changes += 1

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health,
-metrics (and the tokenizer's routes, tokens.py). Every error leaves in OpenAI's shape `{"error": {message, type, param, code}}`.
+metrics (and the tokenizer's routes, tokens.py). Every error leaves in OpenAI's shape
+`{"error": {message, type, param, code}}`.
 
 A request is validated whole before it is queued (protocol.py, then its sampling
 parameters, then its length against the context), tokenized, rendered and compiled on
@@ -169,9 +170,9 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
                                             "max_model_len": max_len}]}
 
     # -- completions and chat --------------------------------------------------------------
-    async def respond(body, request: Request, prepared: list[tuple[list[int], SamplingParams, object]],
-                      fmt_class: type[ResponseFormat], num_logprobs: int | None,
-                      **fmt_kw):
+    async def respond(body, request: Request,
+                      prepared: list[tuple[list[int], SamplingParams, object]],
+                      fmt_class: type[ResponseFormat], num_logprobs: int | None, **fmt_kw):
         """Queue the request's prompts (each admitted and prepared) and answer with their
         choices: prompt k's completion i is choice k * n + i."""
         rid = f"{fmt_class.id_prefix}-{uuid.uuid4().hex}"

@@ -191,3 +191,34 @@ def stop_server(proc, timeout: float = 60) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out
     return out
+
+
+def inprocess_app(path: str, **engine_kw):
+    """An app over a float32 Engine of `path` (a generator for a fixture: yields the app,
+    then shuts the engine down and checks that its memory is whole again)."""
+    from swaserve.engine.engine import Engine
+    from swaserve.server.app import create_app
+    from swaserve.server.async_engine import AsyncEngine
+
+    eng = Engine(model=path, dtype="float32", **engine_kw)
+    aeng = AsyncEngine(eng)
+    yield create_app(aeng, "tiny")
+    aeng.shutdown()
+    assert eng.cache.is_fully_free()
+
+
+def run_client(app, fn):
+    """fn(openai.AsyncOpenAI, httpx.AsyncClient) against the app in process (httpx's ASGI
+    transport), its result."""
+    import asyncio
+
+    import httpx
+    import openai
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=60) as http:
+            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x",
+                                        http_client=http, max_retries=0)
+            return await fn(client, http)
+    return asyncio.run(go())

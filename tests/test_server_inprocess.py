@@ -10,6 +10,7 @@ import json
 
 import httpx
 import pytest
+from conftest import inprocess_app
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
@@ -64,16 +65,8 @@ ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
 
 @pytest.fixture(scope="module")
 def app(tiny_with_tokenizer):
-    from swaserve.engine.engine import Engine
-    from swaserve.server.app import create_app
-    from swaserve.server.async_engine import AsyncEngine
-
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", kv_memory="16MiB",
-                 max_running_requests=24, max_model_len=256)
-    aeng = AsyncEngine(eng)
-    yield create_app(aeng, "tiny")
-    aeng.shutdown()
-    assert eng.cache.is_fully_free()
+    yield from inprocess_app(tiny_with_tokenizer, kv_memory="16MiB", max_running_requests=24,
+                             max_model_len=256)
 
 
 def call(app, requests: list[tuple[str, object]]) -> list[httpx.Response]:

@@ -4,14 +4,11 @@ float32 model with a real tokenizer, checked against transformers."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import httpx
-import openai
 import pytest
 import torch
-from conftest import HYBRID, write_byte_bpe_tokenizer, write_tiny_gemma3
+from conftest import HYBRID, inprocess_app, run_client, write_byte_bpe_tokenizer, write_tiny_gemma3
 
 
 @pytest.fixture(scope="module")
@@ -24,27 +21,10 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app(tiny):
-    from swaserve.engine.engine import Engine
-    from swaserve.server.app import create_app
-    from swaserve.server.async_engine import AsyncEngine
+    # chunks of 7 across the window of 8
+    yield from inprocess_app(tiny[0], kv_memory="16MiB", max_running_requests=8,
+                             max_model_len=256, chunk_size=7)
 
-    eng = Engine(model=tiny[0], dtype="float32", kv_memory="16MiB", max_running_requests=8,
-                 max_model_len=256, chunk_size=7)  # chunks of 7 across the window of 8
-    aeng = AsyncEngine(eng)
-    yield create_app(aeng, "tiny")
-    aeng.shutdown()
-    assert eng.cache.is_fully_free()
-
-
-def run(app, fn):
-    """fn(openai.AsyncOpenAI, httpx.AsyncClient) against the app, in process."""
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t", timeout=60) as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x",
-                                        http_client=http, max_retries=0)
-            return await fn(client, http)
-    return asyncio.run(go())
 
 
 def reference(model, ids: list[int]) -> torch.Tensor:
@@ -67,7 +47,7 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(app, tiny):
                                             max_tokens=0)
         return ids, a, b, c
 
-    ids, a, b, c = run(app, fn)
+    ids, a, b, c = run_client(app, fn)
     assert len(ids) > 24  # past three windows of 8
     ref = reference(tiny[1], ids)
     for resp, n_new in ((a, 0), (b, 1), (c, 0)):
@@ -103,7 +83,7 @@ def test_echo_streamed_sends_the_prompt_first_once(app):
                                                 max_tokens=4, temperature=0, n=2)
         return parts, whole, plain
 
-    parts, whole, plain = run(app, fn)
+    parts, whole, plain = run_client(app, fn)
     assert "".join(p.text for p in parts) == whole.choices[0].text
     assert parts[0].text.startswith("hello world")
     tokens = [t for p in parts for t in p.logprobs.tokens]
@@ -128,7 +108,7 @@ def test_tokenize_detokenize_and_tokenizer_info(app, tiny):
             {"tokens": [10**6]}, {"tokens": [-1]}, {"tokens": "abc"})]
         return t.json(), d.json(), chat.json(), info.json(), bad
 
-    tok, detok, chat, info, bad = run(app, fn)
+    tok, detok, chat, info, bad = run_client(app, fn)
     assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 256
     assert detok["prompt"] == "hello world"
     assert chat["count"] > tok["count"]  # the template's turn markers
@@ -144,7 +124,7 @@ def test_max_tokens_zero_needs_echo(app):
     async def fn(client, http):
         return await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 0})
 
-    r = run(app, fn)
+    r = run_client(app, fn)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     json.dumps(r.json())
 
@@ -170,7 +150,7 @@ def test_a_batch_of_prompts_is_one_request_with_a_choice_per_prompt_and_n(app, t
         too_many = await http.post("/v1/completions", json={"prompt": ["a"] * 65, "n": 2})
         return batch, alone, events, bad, too_many
 
-    batch, alone, events, bad, too_many = run(app, fn)
+    batch, alone, events, bad, too_many = run_client(app, fn)
     assert [c.index for c in batch.choices] == list(range(6))
     for k, one in enumerate(alone):
         for c in batch.choices[2 * k:2 * k + 2]:

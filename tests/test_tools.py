@@ -5,13 +5,11 @@ arguments parse and validate (sync and streamed), calls parsed from the model's 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import httpx
 import jsonschema
-import openai
 import pytest
+from conftest import inprocess_app, run_client
 
 from swaserve.server.tools import parse_auto
 
@@ -32,26 +30,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def app(tiny_long_context):  # the tool list in the prompt is ~600 byte-level tokens
-    from swaserve.engine.engine import Engine
-    from swaserve.server.app import create_app
-    from swaserve.server.async_engine import AsyncEngine
+    yield from inprocess_app(tiny_long_context, kv_memory="32MiB", max_running_requests=8,
+                             max_model_len=2048)
 
-    eng = Engine(model=tiny_long_context, dtype="float32", kv_memory="32MiB",
-                 max_running_requests=8, max_model_len=2048)
-    aeng = AsyncEngine(eng)
-    yield create_app(aeng, "tiny")
-    aeng.shutdown()
-    assert eng.cache.is_fully_free()
-
-
-def run(app, fn):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t", timeout=60) as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http,
-                                        max_retries=0)
-            return await fn(client, http)
-    return asyncio.run(go())
 
 
 def check_call(call) -> None:
@@ -87,7 +68,7 @@ def test_named_and_required_calls_parse_and_validate_sync_and_streamed(app, choi
         stream = await streamed(client, temperature=0, **kw)
         return greedy, seeded, stream
 
-    greedy, seeded, (calls, finish) = run(app, fn)
+    greedy, seeded, (calls, finish) = run_client(app, fn)
     for ch in greedy.choices + seeded.choices:
         assert ch.finish_reason == "tool_calls" and ch.message.content is None
         [call] = ch.message.tool_calls
@@ -117,7 +98,7 @@ def test_auto_reads_calls_from_the_model_text(app):
         text = await client.chat.completions.create(extra_body={"regex": "[a-z ]{1,20}"}, **kw)
         return call, stream, text
 
-    call, (calls, finish), text = run(app, fn)
+    call, (calls, finish), text = run_client(app, fn)
     [c] = call.choices[0].message.tool_calls
     assert c.function.name == "add" and call.choices[0].finish_reason == "tool_calls"
     check_call(c)
@@ -141,7 +122,7 @@ def test_a_second_turn_carries_the_call_and_its_result(app):
         text = await http.post("/detokenize", json={"tokens": rendered.json()["tokens"]})
         return call, second, text.json()["prompt"]
 
-    call, second, prompt = run(app, fn)
+    call, second, prompt = run_client(app, fn)
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # the built-in template writes the call as the model turn and the result as a user turn
     written = json.dumps({"name": call.function.name,
@@ -170,7 +151,7 @@ def test_bad_tool_requests_are_400s_naming_the_field(app, body, param):
         return await http.post("/v1/chat/completions", json={
             "messages": ASK, "max_tokens": 4, **body})
 
-    r = run(app, fn)
+    r = run_client(app, fn)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
 

@@ -94,5 +94,6 @@ def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monk
     assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is not None
     assert tiny_engine(tiny_hybrid[0], num_threads=2, adaptive_threads=False).governor is None
     assert tiny_engine(tiny_hybrid[0], num_threads=2, batch_invariant=True).governor is None
+    assert tiny_engine(tiny_hybrid[0], num_threads=2, overlap=True).governor is None
     monkeypatch.setenv("SWASERVE_FIXED_THREADS", "1")
     assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is None

@@ -150,9 +150,11 @@ class Engine:
         self._seq = itertools.count()
         self._open: list[_Launched] = []  # launched steps not postprocessed yet
         self._scheduling: Batch | None = None  # the batch being prepared, until launched
+        # not with overlap: the thread count would change while the worker runs a forward
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
                          and self.device.type == "cpu" and not config.batch_invariant
-                         and not os.environ.get(FIXED_THREADS_ENV) else None)
+                         and not self.overlap and not os.environ.get(FIXED_THREADS_ENV)
+                         else None)
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
         # diagnostics: when a list, every sampled logits row is appended as

@@ -21,7 +21,7 @@ gives all the threads back.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
-the governor, and so does a process with SWASERVE_FIXED_THREADS=1 in its environment (the
+the governor, as do overlap scheduling (the count would change under a running forward) and a process with SWASERVE_FIXED_THREADS=1 in its environment (the
 test suite, whose bitwise comparisons run on a busy machine).
 """
 

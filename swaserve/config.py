@@ -95,6 +95,18 @@ class EngineConfig:
         "help": "schedule and prepare the next step while the current one computes (default: "
                 "on a GPU; off on a CPU, whose cores the forward keeps busy: a step there took "
                 "4-9 percent longer with it)"})
+    speculative: str | None = field(default=None, metadata={
+        "help": "speculative decoding: 'ngram' drafts the continuation of the last n tokens' "
+                "latest earlier occurrence in the request's prompt and output, verified in one "
+                "step; the output is the non-speculative output token for token"})
+    num_draft_tokens: int = field(default=4, metadata={
+        "help": "draft tokens per request and step at most (adapted to each request's "
+                "acceptance)"})
+    ngram_max: int = field(default=4, metadata={"help": "longest n-gram a draft is looked up by"})
+    ngram_min: int = field(default=2, metadata={"help": "shortest n-gram a draft is looked up by"})
+    speculative_max_rows: int = field(default=16, metadata={
+        "help": "decode rows a speculative step grows to at most: drafts beyond wait (on a CPU "
+                "a step costs more per row past ~8-16; on a GPU raise it)"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     adaptive_threads: bool = field(default=True, metadata={
@@ -105,7 +117,10 @@ class EngineConfig:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
-        for name in ("chunk_size", "page_size"):
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
+        for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",
+                     "speculative_max_rows"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
@@ -113,12 +128,20 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min: {self.ngram_min} is above ngram_max {self.ngram_max}")
         if self.kv_memory is not None:
             parse_bytes(self.kv_memory)
         if self.window_cache_memory is not None:
             parse_bytes(self.window_cache_memory)
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction!r}")
+
+    @property
+    def step_tokens(self) -> int:
+        """Positions one request writes in a step at most: a prompt chunk, or a decode token
+        and its draft (the sliding rings are W plus this)."""
+        return max(self.chunk_size, self.num_draft_tokens + 1 if self.speculative else 1)
 
     @property
     def kv_memory_bytes(self) -> int | None:

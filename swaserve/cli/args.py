@@ -15,7 +15,7 @@ from swaserve.sampling.params import SamplingParams
 
 # sampling flags named apart from an engine flag of the same name; their values are kept
 # under "sampling_<field>" for the same reason
-SAMPLING_FLAG_NAMES = {"seed": "sampling-seed"}
+SAMPLING_FLAG_NAMES = {"seed": "sampling-seed", "speculative": "request-speculative"}
 
 
 def _value_type(cls, name: str):

@@ -11,7 +11,8 @@ from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.config import DTYPE_BYTES, EngineConfig
 from swaserve.memory.planner import compare_accounting
 
-PLAN_FIELDS = ("model", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype")
+PLAN_FIELDS = ("model", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
+               "speculative", "num_draft_tokens")
 
 
 def register(sub) -> None:
@@ -35,7 +36,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     layout = cfg.cache_layout()
     budget = config.kv_memory_bytes
     acc = compare_accounting(layout, budget, DTYPE_BYTES[config.dtype], context=context,
-                             chunk_size=config.chunk_size, page_size=config.page_size,
+                             chunk_size=config.step_tokens, page_size=config.page_size,
                              max_running_requests=config.max_running_requests,
                              swa_ratio=swa_ratio)
     return {
@@ -43,7 +44,11 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    "window": layout.max_window or None,
-                   "ring": layout.ring_size(config.chunk_size, config.page_size)},
+                   "ring": layout.ring_size(config.step_tokens, config.page_size),
+                   # slots a ring adds for a draft that writes more than a chunk
+                   "draft_allowance": (layout.ring_size(config.step_tokens, config.page_size)
+                                       - layout.ring_size(config.chunk_size, config.page_size)),
+                   "step_tokens": config.step_tokens},
         "accounting": {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                        for k, a in acc.items()},
     }
@@ -58,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{rep['architecture']} ({rep['model']})")
     lay = rep["layers"]
     print(f"layers: {len(lay['full'])} full, {len(lay['sliding'])} sliding (W={lay['window']}, "
-          f"ring {lay['ring']} slots); budget {rep['kv_memory_bytes'] / gib:.2f} GiB, "
+          f"ring {lay['ring']} slots: W + {lay['step_tokens']} tokens a step, "
+          f"{lay['draft_allowance']} of them for drafts); budget {rep['kv_memory_bytes'] / gib:.2f} GiB, "
           f"context {rep['context']}, {rep['dtype']}")
     cols = ["ring", "token_scaled", "full_history"]
     rows = [("bytes per token", "bytes_per_token", "{:,.0f}"),

@@ -43,7 +43,8 @@ from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
 from swaserve.engine.sample_stage import SampleStage
-from swaserve.engine.scheduler import Batch, Scheduler
+from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
+from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
 from swaserve.models.context import PromptScore
@@ -145,6 +146,9 @@ class Engine:
         self.sample_stage = SampleStage(self.sampler, self.vocab_size, self.device,
                                         self.eos_token_ids)
         self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids)
+        self.speculator = (NgramSpeculator(config.num_draft_tokens, config.ngram_min,
+                                           config.ngram_max, config.speculative_max_rows)
+                           if config.speculative == "ngram" else None)
         self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
         self._ids = itertools.count()
         self._seq = itertools.count()
@@ -221,6 +225,11 @@ class Engine:
         reqs = []
         for i in range(params.n):
             seed = None if params.seed is None else (params.seed + i) % 2**64
+            if seed is None and self._speculates(params):
+                # drafts are verified against the token a seeded row would sample: an
+                # unseeded one draws its seed (its distribution does not change)
+                seed = int(torch.randint(0, 2**63, (1,), generator=self.sampler.generator,
+                                         device=self.sampler.generator.device))
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
                                 self.max_model_len, seed=seed,
                                 grammar=grammar.new_matcher() if grammar else None,
@@ -232,6 +241,9 @@ class Engine:
         if len(reqs) > 1:
             self._forks[reqs[0].request_id] = reqs[1:]
         return reqs
+
+    def _speculates(self, params: SamplingParams) -> bool:
+        return self.speculator is not None and params.speculative and not params.greedy
 
     def abort(self, request_id: str) -> None:
         req = self.requests.get(request_id)
@@ -264,6 +276,8 @@ class Engine:
         if req is not None and req.is_finished:
             del self.requests[request_id]
             self.output.release(request_id)
+            if self.speculator is not None:
+                self.speculator.forget(request_id)
 
     # -- the step --------------------------------------------------------------------------
     @timed("host (rest of the step)")
@@ -349,7 +363,11 @@ class Engine:
     def _launch(self, prev: _Launched | None) -> _Launched | None:
         """Schedule and prepare a step and hand it to the forward. `prev` is the step still
         in flight, whose sampled tokens are this step's decode inputs."""
-        batch = self.scheduler.schedule(can_retract=prev is None)
+        drafts = None
+        if self.speculator is not None:
+            drafts = self.speculator.drafts(self.scheduler.running,
+                                            self.model.same_numerics_rows)
+        batch = self.scheduler.schedule(can_retract=prev is None, drafts=drafts)
         if not batch.seqs:
             return None
         self._scheduling = batch
@@ -358,13 +376,13 @@ class Engine:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
         rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
-        for s in batch.seqs:
-            s.request.num_computed_tokens += s.num_tokens
+        for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
+            s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1
         for s in prepared.sampled:
             s.request.num_pending += 1
         chain_safe = self.overlap and not batch.blocked and all(
-            self._chains(s.request) for s in prepared.sampled)
+            self._chains(s.request) and not s.draft for s in prepared.sampled)
         prev_result = prev.result if prev is not None else None
         step_reqs = [s.request for s in batch.seqs]
 
@@ -444,34 +462,69 @@ class Engine:
                     self._fork(parent_of[i], req)
                 except Exception as e:  # noqa: BLE001 - this sibling fails alone
                     failed[j] = e
+
+        def entry(j: int, tok: int, n: int) -> dict[int, float] | None:
+            """Sampler row j's logprobs: the chosen token's and the top n."""
+            if chosen is None or j not in lp_pos:
+                return None
+            k = lp_pos[j]
+            out = {tok: chosen[k]}
+            if top_ids is not None:
+                for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
+                    out.setdefault(t, v)
+            return out
+
+        drafted = {id(s.request): s for s in batch.seqs if s.draft}
         changed = []
         now = time.monotonic()
-        for j, ((_, req), tok) in enumerate(zip(owners, tokens)):
+        j = 0
+        while j < len(owners):
+            req = owners[j][1]
+            seq = drafted.pop(id(req), None)  # its rows: the decode token's, then the draft's
+            block = range(j, j + 1 + (len(seq.draft) if seq is not None else 0))
+            j = block.stop
             if req.is_finished:  # it stopped while this step computed it: a surplus token
                 continue
             changed.append(req)
-            if j in failed:
-                self._fail_alone(req, failed[j])
+            n_lp = req.params.logprobs or 0
+            bad = next((i for i in block if i in failed), None)
+            if bad is not None:
+                self._fail_alone(req, failed[bad])
                 continue
             try:
+                if seq is not None:
+                    self._accept_draft(req, seq, [tokens[i] for i in block],
+                                       [entry(i, tokens[i], n_lp) for i in block], now)
+                    continue
                 if not req.output_token_ids and req.row is not None:
                     self.scheduler.on_prompt_done(req)
                 if req.max_new_tokens == 0:  # the prompt was all it asked for
                     self.scheduler.finish(req, FinishReason.LENGTH)
                     continue
-                entry = None
-                if chosen is not None and j in lp_pos:
-                    k, n = lp_pos[j], req.params.logprobs or 0
-                    entry = {tok: chosen[k]}
-                    if top_ids is not None:
-                        for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
-                            entry.setdefault(t, v)
-                self.output.accept(req, tok, entry, now)
+                tok = tokens[block.start]
+                self.output.accept(req, tok, entry(block.start, tok, n_lp), now)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 self._fail_alone(req, e)
         for req in batch.retracted:
             log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
         return changed
+
+    def _accept_draft(self, req: Request, seq: ScheduledSeq, tokens: list[int],
+                      entries: list[dict[int, float] | None], now: float) -> None:
+        """Keep the sampled tokens of a drafted seq up to the first that differs from its
+        draft, and that one: each was sampled as if the draft before it was accepted, which
+        it was. The KV of the positions after is forgotten (KVCache.discard)."""
+        draft, accepted = seq.draft, 0
+        for i, tok in enumerate(tokens):
+            req.num_computed_tokens = seq.start + i + 1  # position start + i had the right input
+            self.output.accept(req, tok, entries[i], now)
+            hit = i < len(draft) and tok == draft[i]
+            accepted += hit
+            if req.is_finished or not hit:
+                break
+        self.speculator.record(req, len(draft), accepted)
+        if not req.is_finished:
+            self.cache.discard(req.row, req.num_computed_tokens, seq.start + seq.num_tokens)
 
     def _fail_alone(self, req: Request, err: BaseException) -> None:
         log.error("request %s failed: %s: %s", req.request_id, type(err).__name__, err,

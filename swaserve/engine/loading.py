@@ -68,7 +68,7 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
         window_cache = (parse_bytes(config.window_cache_memory) if config.window_cache_memory
                         else budget // 5)
     return plan_memory(layout, budget, DTYPE_BYTES[config.dtype],
-                       chunk_size=config.chunk_size, page_size=config.page_size,
+                       chunk_size=config.step_tokens, page_size=config.page_size,
                        max_model_len=max_model_len,
                        max_running_requests=config.max_running_requests,
                        window_cache_bytes=window_cache)

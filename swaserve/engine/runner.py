@@ -87,9 +87,11 @@ class ModelRunner:
     def prepare(self, batch: Batch, pending: dict[str, int] | None = None) -> PreparedBatch:
         """`pending` maps a request id to the row of the previous step's sampler output that
         holds its input token, for requests whose last token is not read back yet."""
-        # decode rows in row order: consecutive rows read their rings as one strided view
-        decodes = sorted((s for s in batch.seqs if s.num_tokens == 1), key=lambda s: s.request.row)
-        prefills = [s for s in batch.seqs if s.num_tokens > 1]
+        # decode rows in row order: consecutive rows read their rings as one strided view;
+        # a speculative seq (a decode token and its draft) is decode rows of one row
+        decodes = sorted((s for s in batch.seqs if s.num_tokens == 1 or s.draft),
+                         key=lambda s: s.request.row)
+        prefills = [s for s in batch.seqs if s.num_tokens > 1 and not s.draft]
         order = decodes + prefills
         ids: list[int] = []
         pos: list[int] = []
@@ -97,7 +99,7 @@ class ModelRunner:
         fill_dst: list[int] = []
         fill_src: list[int] = []
         for s in order:
-            req, end = s.request, s.start + s.num_tokens
+            req, end = s.request, s.start + s.num_known
             if end > req.num_known_tokens:  # a decode of the token the step in flight samples
                 assert s.num_tokens == 1 and pending is not None, "only a decode can chain"
                 fill_dst.append(len(ids))
@@ -105,7 +107,8 @@ class ModelRunner:
                 ids.append(0)
             else:
                 ids.extend(req.tokens(s.start, end))
-            pos.extend(range(s.start, end))
+            ids.extend(s.draft)
+            pos.extend(range(s.start, s.start + s.num_tokens))
             rows.extend([s.request.row] * s.num_tokens)
         positions = self._t(pos)
         rows_t = self._t(rows)
@@ -129,7 +132,7 @@ class ModelRunner:
         groups: list[AttnGroup] = []
         if decodes:
             groups.append(self._decode_group(decodes))
-        start = len(decodes)
+        start = sum(s.num_tokens for s in decodes)
         for s in prefills:
             groups.append(self._prefill_group(s, start))
             start += s.num_tokens
@@ -137,9 +140,9 @@ class ModelRunner:
         offset = 0
         for s in order:
             offset += s.num_tokens
-            if s.sample:
+            if s.sample:  # a draft's every row: each of its tokens is checked
                 sampled.append(s)
-                logit_rows.append(offset - 1)
+                logit_rows.extend(range(offset - 1 - len(s.draft), offset))
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
                              self._t(logit_rows), window_write,
                              INVARIANT_ROW_BLOCK if self.batch_invariant else None,
@@ -167,19 +170,22 @@ class ModelRunner:
         return scored
 
     def _decode_group(self, seqs: list[ScheduledSeq]) -> AttnGroup:
-        """One padded group: every row has one query at position `start`."""
-        b = len(seqs)
-        rows = self._t([s.request.row for s in seqs])
-        qpos = self._t([s.start for s in seqs])
+        """One padded group: every row has one query, at position `start` (a draft's rows
+        at the positions after it, each seeing the keys written before it in this step)."""
+        row_ids = [s.request.row for s in seqs for _ in range(s.num_tokens)]
+        starts = [p for s in seqs for p in range(s.start, s.start + s.num_tokens)]
+        b = len(row_ids)
+        rows = self._t(row_ids)
+        qpos = self._t(starts)
         lengths = qpos + 1
-        lmax = max(s.start for s in seqs) + 1
+        lmax = max(starts) + 1
         if self.batch_invariant:  # every row's keys in the same blocks, alone or not
             lmax = max(lmax, min(INVARIANT_MIN_KEYS, self.cache.rows.req_to_token.shape[1]))
         full = sliding = None
         if self.cache.full is not None:
             keys = torch.arange(lmax, device=self.device)
             slots = self.cache.rows.req_to_token[rows, :lmax]
-            same = all(s.start == seqs[0].start for s in seqs) and not self.batch_invariant
+            same = all(p == starts[0] for p in starts) and not self.batch_invariant
             mask = None if same else (keys[None, :] < lengths[:, None]).view(b, 1, 1, lmax)
             full = KeyView(fresh=False, causal=False, key_slots=slots, mask=mask)
         if self.cache.window is not None:
@@ -189,7 +195,6 @@ class ModelRunner:
             kpos = self.cache.window.positions[slots]
             q = qpos[:, None]
             mask = (kpos != EMPTY) & (kpos <= q) & (kpos > q - self.window)
-            row_ids = [s.request.row for s in seqs]
             first = row_ids[0] if row_ids == list(range(row_ids[0], row_ids[0] + b)) else None
             sliding = KeyView(fresh=False, causal=False, key_slots=slots,
                               mask=mask.view(b, 1, 1, width), ring_rows=rows, first_row=first)

@@ -16,7 +16,7 @@ from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
 from swaserve.profile import timed
-from swaserve.sampling.grammar import mask_biases
+from swaserve.sampling.grammar import mask_biases, mask_biases_along
 from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
 
 log = logging.getLogger("swaserve")
@@ -41,33 +41,65 @@ class SampleStage:
     def rows(self, sampled: list[ScheduledSeq], forks: dict[str, list[Request]]
              ) -> tuple[list[SamplerRow], Owners, dict[int, BaseException]]:
         """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
-        prompt just completed (they share its logits row); and the rows whose grammar mask
-        failed (they are sampled unmasked and their requests fail)."""
-        rows, owners = [], []
-        for i, s in enumerate(sampled):
+        prompt just completed (they share its logits row), plus one per draft token (the
+        row after it, as if the draft so far were accepted: its penalties count those
+        tokens, its grammar mask follows them); and the rows whose grammar mask failed
+        (they are sampled unmasked and their requests fail)."""
+        rows, owners, drafted = [], [], []
+        logits_row = 0
+        for s in sampled:
             req = s.request
             family = [req]
             if req.num_generated == 0 and req.request_id in forks:
                 family += forks[req.request_id]
+            last = s.start + s.num_known - 1
             for r in family:
-                rows.append(self._row(r, s.start + s.num_tokens - 1))
-                owners.append((i, r))
+                rows.append(self._row(r, last))
+                owners.append((logits_row, r))
+            if s.draft:
+                drafted.append((len(owners) - 1, s))
+            for j in range(len(s.draft)):
+                logits_row += 1
+                rows.append(self._row(req, last + 1 + j, s.draft[:j + 1]))
+                owners.append((logits_row, req))
+            logits_row += 1
         failed: dict[int, BaseException] = {}
-        grammar_rows = [j for j, (_, r) in enumerate(owners) if r.grammar is not None]
+        along = {j for j0, s in drafted if s.request.grammar is not None
+                 for j in range(j0, j0 + len(s.draft) + 1)}
+        grammar_rows = [j for j, (_, r) in enumerate(owners)
+                        if r.grammar is not None and j not in along]
         if grammar_rows:
             for j, bias in zip(grammar_rows, self._grammar_masks(owners, grammar_rows, failed)):
                 rows[j].grammar_bias = bias
+        for j0, s in drafted:
+            if s.request.grammar is not None:
+                self._draft_masks(rows, j0, s, failed)
         return rows, owners, failed
 
-    def _row(self, req: Request, position: int) -> SamplerRow:
+    def _row(self, req: Request, position: int, draft: list[int] = ()) -> SamplerRow:
+        generated = req.num_generated + len(draft)
         suppress: list[int] = []
-        if req.num_generated < req.params.min_tokens:
+        if generated < req.params.min_tokens:
             # a grammar decides itself when the text may end
             if not req.params.ignore_eos and req.grammar is None:
                 suppress = list(self.eos_token_ids)
             suppress += list(req.params.stop_token_ids or [])
-        return SamplerRow(req.params, req.seed, position, req.prompt_token_ids,
-                          req.output_token_ids, suppress)
+        output = req.output_token_ids + list(draft) if draft else req.output_token_ids
+        return SamplerRow(req.params, req.seed, position, req.prompt_token_ids, output, suppress)
+
+    def _draft_masks(self, rows: list[SamplerRow], j0: int, s: ScheduledSeq,
+                     failed: dict[int, BaseException]) -> None:
+        """Grammar masks of a drafted seq's rows: at its state, then after each draft token."""
+        span = range(j0, j0 + len(s.draft) + 1)
+        try:
+            self._check("grammar", [s.request])
+            masks = mask_biases_along(s.request.grammar, s.draft, self.vocab_size, self.device)
+        except Exception as e:  # noqa: BLE001 - this request fails alone
+            for j in span:
+                failed[j] = e
+            return
+        for j, mask in zip(span, masks):
+            rows[j].grammar_bias = mask
 
     def _grammar_masks(self, owners: Owners, idx: list[int],
                        failed: dict[int, BaseException]) -> list[torch.Tensor | None]:

@@ -41,8 +41,13 @@ RATIO_INIT, RATIO_MIN, RATIO_DECAY = 0.5, 0.1, 0.002  # the estimate's share, pe
 class ScheduledSeq:
     request: Request
     start: int  # first position computed this step
-    num_tokens: int
+    num_tokens: int  # positions computed: known tokens, then the draft
     sample: bool  # this chunk reaches the end of the known tokens: sample the next one
+    draft: list[int] = field(default_factory=list)  # speculative tokens after the known ones
+
+    @property
+    def num_known(self) -> int:
+        return self.num_tokens - len(self.draft)
 
 
 @dataclass
@@ -152,9 +157,12 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
     @timed("schedule")
-    def schedule(self, can_retract: bool = True) -> Batch:
+    def schedule(self, can_retract: bool = True,
+                 drafts: dict[str, list[int]] | None = None) -> Batch:
         """The next step's batch. `can_retract=False` while a step is in flight: a request
-        that would need a retraction is left out and the batch marked `blocked`."""
+        that would need a retraction is left out and the batch marked `blocked`. `drafts`:
+        speculative tokens of decoding requests, computed after their token when the budget
+        and free pages allow (a draft never retracts or evicts anything)."""
         batch = Batch()
         budget = self.chunk_size
         scheduled: set[str] = set()
@@ -173,11 +181,13 @@ class Scheduler:
             if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch,
                                    can_retract):
                 continue
-            self._slots(req, req.num_computed_tokens + n)
-            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
-                                           req.num_computed_tokens + n == req.num_tokens))
+            draft = self._draft(req, n, budget, drafts)
+            self._slots(req, req.num_computed_tokens + n + len(draft))
+            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n + len(draft),
+                                           req.num_computed_tokens + n == req.num_tokens,
+                                           draft))
             scheduled.add(req.request_id)
-            budget -= n if n > 1 or not self.aligned_chunks else 0
+            budget -= n + len(draft) if n > 1 or draft or not self.aligned_chunks else 0
         # pages the running requests are expected to add: admission leaves them free
         reserved = sum(self.cache.pages_needed(r.row, self._expected_tokens(r))
                        for r in self.running if r.status is RequestStatus.RUNNING)
@@ -223,6 +233,19 @@ class Scheduler:
             scheduled.add(req.request_id)
             budget -= n
         return batch
+
+    def _draft(self, req: Request, n: int, budget: int,
+               drafts: dict[str, list[int]] | None) -> list[int]:
+        """The part of `req`'s draft this step computes after its decode token: what the
+        token budget leaves and the free full pages hold without an eviction."""
+        draft = (drafts or {}).get(req.request_id)
+        if not draft or n != 1 or req.num_uncomputed_tokens != 1:
+            return []
+        draft = draft[:max(0, budget - 1)]
+        while draft and (self.cache.pages_needed(req.row, req.num_computed_tokens + 1 + len(draft))
+                         > self.cache.num_free_pages):
+            draft = draft[:-1]
+        return draft
 
     def _slots(self, req: Request, num_tokens: int) -> None:
         """Full-pool slots for what `req` computes now; room was made, so a shortfall is a

@@ -102,6 +102,14 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
     return "vnni" if vnni else "amx" if amx else None
 
 
+def same_kernel_rows(m: int, tiled: bool = True) -> int:
+    """The most rows a step may have and still take the kernel that m rows take: rows do not
+    depend on their batch within one kernel, but two kernels round differently."""
+    if tiled:
+        return VNNI_ROWS if tile_kernel(m) == "vnni" else 1 << 62
+    return FAST_ROWS if m <= FAST_ROWS else 1 << 62
+
+
 class Q8Weight:
     """An [N, K] weight as int8 values q, a float32 scale per group of 32 (or 16) along K
     and optionally an offset per group: w = q * scale - offset (GGUF's K-quants keep a

@@ -18,7 +18,7 @@ from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
 from swaserve.memory.prefix_cache import Match, PrefixCache, WindowPagePool
 from swaserve.memory.rows import RequestRows
-from swaserve.memory.window_pool import WindowPool
+from swaserve.memory.window_pool import EMPTY, WindowPool
 
 
 class KVCache:
@@ -122,6 +122,28 @@ class KVCache:
                 got = alloc.alloc(min(need, alloc.num_free)) or []
                 wp.extend(got + [None] * (need - len(got)))
         return True
+
+    def discard(self, row: int, start: int, end: int) -> None:
+        """Forget positions [start, end) of a row (a draft's rejected tokens): its ring slots
+        hold no position any more, and the full and window pages past those that positions
+        [0, start + 1) use go back to their pools. Whatever these positions wrote is
+        rewritten before it is read: masks come from positions, and a row computes a
+        position before attending to it."""
+        if end <= start:
+            return
+        if self.window is not None:
+            ring = self.window.ring
+            slots = row * ring + torch.arange(start, end) % ring
+            self.window.positions[slots.to(self.window.positions.device)] = EMPTY
+        keep = -(-(start + 1) // self.page_size)
+        if self.full is not None and len(self.row_pages[row]) > keep:
+            self.full.allocator.decref(self.row_pages[row][keep:])
+            del self.row_pages[row][keep:]
+        if self.window_pages is not None and len(self.row_window_pages[row]) > keep:
+            extra = [w for w in self.row_window_pages[row][keep:] if w is not None]
+            if extra:
+                self.window_pages.allocator.decref(extra)
+            del self.row_window_pages[row][keep:]
 
     def window_write_slots(self, row: int, start: int, n: int) -> tuple[list[int], list[int]]:
         """(offsets within [start, start + n), window-page slots) for the positions of a row

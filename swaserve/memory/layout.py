@@ -60,7 +60,10 @@ class CacheLayout:
         """Slots per request per sliding layer: W + chunk, rounded up to whole pages.
 
         A chunk of N <= chunk_size new tokens plus the W-1 keys before it always fit, so
-        writing a chunk never overwrites a key that one of its own queries still reads.
+        writing a chunk never overwrites a key that one of its own queries still reads. With
+        speculative decoding `chunk_size` is the most a step writes per request (a chunk, or
+        a decode token and its draft: `EngineConfig.step_tokens`), so the positions a
+        rejected draft wrote over are ones no later query reads.
         """
         if not self.sliding_layers:
             return 0

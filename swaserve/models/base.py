@@ -16,7 +16,7 @@ from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8 import Q8Weight, same_kernel_rows
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import ForwardContext
 from swaserve.models.fused_decode import FusedDecode
@@ -122,6 +122,16 @@ class CausalLM(nn.Module):
                 w = q8.get(f"{i}.{name}")
                 if fits(w, getattr(layer, name, None)):
                     layer.q8[name] = w
+
+    def same_numerics_rows(self, m: int) -> int:
+        """The most rows a decode step of m rows may grow to (speculative drafts) and still
+        multiply each row exactly as before: the int8 kernels are picked by row count."""
+        weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
+        if self.lm_head_q8 is not None:
+            weights.append(self.lm_head_q8)
+        if not weights:
+            return 1 << 62
+        return min(same_kernel_rows(m, w.tiled) for w in weights)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         n = self.lm_head_q8.shape[0]

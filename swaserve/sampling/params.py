@@ -37,6 +37,8 @@ class SamplingParams:
     prompt_logprobs: int | None = _f(None, "logprobs of every prompt token and this many "
                                      "top ones (the prompt is computed cold: no prefix hit)")
     skip_special_tokens: bool = _f(True, "leave special tokens out of the text")
+    speculative: bool = _f(True, "draft tokens for this request when the engine speculates "
+                           "(False opts out; the output is the same either way)")
     # structured output (at most one): a JSON schema (dict or JSON text), any JSON object,
     # a regular expression, or an EBNF (GBNF or Lark) grammar
     json_schema: dict[str, Any] | str | None = _f(None, "output follows this JSON schema")
@@ -107,6 +109,9 @@ class SamplingParams:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)
                                   or not 0 <= v <= MAX_LOGPROBS):
                 bad(name, f"must be an integer in [0, {MAX_LOGPROBS}], got {v!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "speculative"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:

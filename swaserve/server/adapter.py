@@ -14,7 +14,7 @@ from swaserve.server.tools import ToolPlan, new_call, parse_calls
 
 _PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-                   "stop_token_ids", "skip_special_tokens", "logit_bias")
+                   "stop_token_ids", "skip_special_tokens", "logit_bias", "speculative")
 
 
 def sampling_params(body, max_tokens: int | None, logprobs: int | None,

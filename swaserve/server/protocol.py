@@ -81,6 +81,7 @@ class _Common(BaseModel):
     ignore_eos: Flag | None = None
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: Flag | None = None
+    speculative: Flag | None = None  # False: no draft tokens for this request
     # structured output: OpenAI's response_format, plus the extra fields vLLM (guided_*)
     # and SGLang (json_schema, regex, ebnf) accept
     response_format: dict[str, Any] | None = None

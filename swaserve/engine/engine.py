@@ -228,7 +228,7 @@ class Engine:
             if seed is None and self._speculates(params):
                 # drafts are verified against the token a seeded row would sample: an
                 # unseeded one draws its seed (its distribution does not change)
-                seed = int(torch.randint(0, 2**63, (1,), generator=self.sampler.generator,
+                seed = int(torch.randint(0, 2**62, (1,), generator=self.sampler.generator,
                                          device=self.sampler.generator.device))
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
                                 self.max_model_len, seed=seed,

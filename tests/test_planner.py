@@ -102,6 +102,20 @@ def test_plan_cli_figures_for_bundled_model(capsys):
     assert acc["token_scaled"]["bytes_per_token"] == 3 * KIB + 0.8 * 15 * KIB
 
 
+def test_rings_hold_a_draft_longer_than_a_chunk_and_plan_shows_it(tiny_hybrid):
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig
+
+    cfg = EngineConfig(kv_memory="1GiB", chunk_size=64, speculative="ngram",
+                       num_draft_tokens=100)
+    assert cfg.step_tokens == 101 and EngineConfig(chunk_size=64).step_tokens == 64
+    lay = plan_report(cfg, context=8192)["layers"]
+    assert lay["ring"] == 512 + 112 and lay["draft_allowance"] == 112 - 64  # 16-token pages
+    eng = LLM(tiny_hybrid[0], dtype="float32", kv_memory="3MiB", max_running_requests=4,
+              page_size=4, chunk_size=4, speculative="ngram", num_draft_tokens=6).engine
+    assert eng.cache.window.ring == 8 + 8 and eng.cache.nbytes() == eng.plan.used_bytes
+
+
 def test_engine_allocates_exactly_its_plan(tiny_hybrid):
     path, _ = tiny_hybrid
     llm = LLM(path, dtype="float32", kv_memory="3MiB", max_running_requests=4)

@@ -328,3 +328,36 @@ def test_a_fault_in_a_drafted_request_fails_it_alone(tiny_with_tokenizer):
         if i != 9:
             assert [r.output_token_ids for r in g] == [t for t, *_ in ref]
     assert eng.cache.is_fully_free()
+
+
+@pytest.fixture(scope="module")
+def spec_app(tiny_with_tokenizer):
+    from conftest import inprocess_app
+
+    yield from inprocess_app(tiny_with_tokenizer, speculative="ngram", kv_memory="16MiB")
+
+
+def test_the_server_speculates_and_a_request_may_opt_out(spec_app, tiny_with_tokenizer):
+    from conftest import run_client
+
+    prompt = "abc abc abc abc abc abc abc abc"
+
+    async def go(client, http):
+        outs = []
+        for extra in ({}, {"speculative": False}):
+            r = await client.completions.create(model="tiny", prompt=prompt, max_tokens=24,
+                                                temperature=0, extra_body=extra)
+            outs.append(r.choices[0].text)
+        chunks = [c.choices[0].text async for c in await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True)]
+        bad = await http.post("/v1/completions", json={"prompt": prompt, "speculative": "on"})
+        metrics = (await http.get("/metrics")).text
+        return outs, "".join(chunks), bad, metrics
+
+    (spec, plain), streamed, bad, metrics = run_client(spec_app, go)
+    assert spec == plain == streamed
+    assert bad.status_code == 400 and "speculative" in bad.json()["error"]["message"]
+    counts = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("swaserve_spec_")}
+    assert 0 < counts["swaserve_spec_accepted_tokens_total"] <= counts[
+        "swaserve_spec_draft_tokens_total"]

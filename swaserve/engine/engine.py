@@ -79,6 +79,7 @@ class EngineStats:
     request_pages: int  # full pages held by requests (the rest is the prefix cache's)
     prefix_cache_pages: int
     kv_bytes: dict[str, tuple[int, int]]  # pool -> (used, free), as KVCache.usage
+    draft_tokens: tuple[int, int] = (0, 0)  # speculative tokens (verified, accepted) so far
 
 
 @dataclass
@@ -550,12 +551,14 @@ class Engine:
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> EngineStats:
         sched, cache = self.scheduler, self.cache
+        spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             len(sched.running), len(sched.waiting), sched.num_preemptions,
             cache.rows.num_rows - cache.rows.num_free, cache.rows.num_rows,
             cache.num_total_pages - cache.num_free_pages, cache.num_total_pages,
             len({p for pages in cache.row_pages.values() for p in pages}),
-            cache.prefix.num_nodes if cache.prefix is not None else 0, cache.usage())
+            cache.prefix.num_nodes if cache.prefix is not None else 0, cache.usage(),
+            (spec.proposed, spec.accepted) if spec is not None else (0, 0))
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

@@ -38,6 +38,10 @@ class Metrics:
         self.cached_tokens = Counter("swaserve_prompt_cached_tokens", "Prompt tokens served from the prefix cache", registry=r)
         self.generation_tokens = Counter("swaserve_generation_tokens", "Tokens generated", registry=r)
         self.preemptions = Counter("swaserve_preemptions", "Requests retracted for memory", registry=r)
+        self.draft_tokens = Counter("swaserve_spec_draft_tokens", "Speculative draft tokens "
+                                    "verified", registry=r)
+        self.accepted_tokens = Counter("swaserve_spec_accepted_tokens", "Speculative draft tokens "
+                                       "accepted", registry=r)
         self.requests = Counter("swaserve_requests_finished", "Finished requests", ["finish_reason"], registry=r)
         self.failed = Counter("swaserve_requests_failed", "Requests that failed in the engine",
                               registry=r)
@@ -56,6 +60,7 @@ class Metrics:
             self.rejected.labels(reason)
         self._last_token: dict[str, float] = {}
         self._preempt_seen = 0
+        self._drafts_seen = (0, 0)
 
     def on_state(self, stats: EngineStats, num_queued: int = 0) -> None:
         """Gauges of the engine's current state (called from the engine thread)."""
@@ -72,6 +77,11 @@ class Metrics:
         if stats.num_preemptions > self._preempt_seen:
             self.preemptions.inc(stats.num_preemptions - self._preempt_seen)
             self._preempt_seen = stats.num_preemptions
+        proposed, accepted = stats.draft_tokens
+        if proposed > self._drafts_seen[0]:
+            self.draft_tokens.inc(proposed - self._drafts_seen[0])
+            self.accepted_tokens.inc(accepted - self._drafts_seen[1])
+            self._drafts_seen = (proposed, accepted)
 
     def on_step(self, changed: list[Request]) -> None:
         """Token counters and latencies of the requests a step changed."""

@@ -12,12 +12,43 @@ from conftest import TINY_WINDOW as W
 from conftest import random_prompt, tiny_engine, use_int8_copies
 
 from swaserve.engine.faults import FaultInjector
-from swaserve.engine.speculative import NgramIndex
+from swaserve.engine import speculative
+from swaserve.engine.speculative import CostGate, NgramIndex
 from swaserve.kernels import q8
 from swaserve.memory.window_pool import EMPTY
 from swaserve.sampling.params import SamplingParams
 
 pytest.importorskip("llguidance")
+
+
+def spec_engine(path, **kw):
+    """tiny_engine whose drafts are not gated by timings (CostGate is tested on its own:
+    a tiny model's step times are noise)."""
+    eng = tiny_engine(path, **kw)
+    if eng.speculator is not None:
+        eng.speculator.gate.allow = lambda n: True
+    return eng
+
+
+def test_cost_gate_measures_first_and_pauses_drafts_that_do_not_pay():
+    gate = CostGate()
+    for _ in range(speculative.GATE_SAMPLES):  # first the cost without drafts
+        assert not gate.allow(8)
+        gate.observe(8, False, 0.08, 8)  # 10 ms a token
+    assert gate.allow(8) and not gate.allow(1)  # sizes are apart
+    for _ in range(speculative.GATE_SAMPLES):  # drafts at 5 ms a token: they pay
+        gate.observe(8, True, 0.08, 16)
+    assert gate.allow(7)  # 5-8 share a bucket
+    for _ in range(20):  # now 12 ms a token: pause 16 steps
+        gate.observe(8, True, 0.12, 10)
+        if not gate.allow(8):
+            break
+    assert sum(not gate.allow(8) for _ in range(16)) == 15 and gate.allow(8)
+    for _ in range(speculative.GATE_REFRESH):
+        gate.observe(8, True, 0.05, 10)
+    assert not gate.allow(8)  # a step without drafts refreshes the comparison
+    gate.observe(8, False, 0.08, 8)
+    assert gate.allow(8)
 
 
 class _Req:
@@ -80,7 +111,7 @@ def workload(vocab: int, structured: bool) -> list[tuple[list[int], SamplingPara
 
 def run(path, spec: str | None, work, late: int = 3, **kw):
     """Every request's (tokens, logprobs, finish reason); and the speculator's stats."""
-    eng = tiny_engine(path, speculative=spec, **kw)
+    eng = spec_engine(path, speculative=spec, **kw)
     groups, steps = [], 0
     pending = list(work)
     while pending or eng.has_unfinished():
@@ -162,7 +193,7 @@ def test_int8_fused_decode_verifies_drafts_with_the_bits_of_plain_decode(tiny_hy
             for i in range(batch)]
     outs = []
     for spec in (None, "ngram"):
-        eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=False,
+        eng = spec_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=False,
                           speculative=spec, chunk_size=512, max_running_requests=16)
         use_int8_copies(eng)
         eng.logits_log = []
@@ -193,7 +224,7 @@ class ScriptedDrafts:
         self.reference = reference
         speculator.drafts = self
 
-    def __call__(self, running, row_cap):
+    def __call__(self, running):
         out = {}
         for req in running:
             if req.num_uncomputed_tokens != 1 or not req.output_token_ids:
@@ -254,7 +285,7 @@ def test_cache_after_random_accepts_and_rejects_is_the_non_speculative_cache(tin
                 ref_kv[r.request_id].update(kv_of(ref_eng, r))
     reference = {r.request_id: r.output_token_ids for r in reqs}
 
-    eng = tiny_engine(path, speculative="ngram")
+    eng = spec_engine(path, speculative="ngram")
     scripted = ScriptedDrafts(eng.speculator, reference, seed)
     reqs = [eng.add_request(p, params)[0] for p in prompts]
     checked = rejected = 0
@@ -280,7 +311,7 @@ def test_cache_after_random_accepts_and_rejects_is_the_non_speculative_cache(tin
 
 
 def test_no_draft_is_longer_than_what_the_request_may_still_write(tiny_hybrid):
-    eng = tiny_engine(tiny_hybrid[0], speculative="ngram", num_draft_tokens=8,
+    eng = spec_engine(tiny_hybrid[0], speculative="ngram", num_draft_tokens=8,
                       max_model_len=64)
     rep = [4, 5, 6] * 10
     a = eng.add_request(rep, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
@@ -295,7 +326,7 @@ def test_no_draft_is_longer_than_what_the_request_may_still_write(tiny_hybrid):
 
 
 def test_a_request_can_opt_out_and_unseeded_ones_draw_a_seed(tiny_hybrid):
-    eng = tiny_engine(tiny_hybrid[0], speculative="ngram")
+    eng = spec_engine(tiny_hybrid[0], speculative="ngram")
     rep = [4, 5, 6] * 10
     out = eng.add_request(rep, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
                                               speculative=False))[0]
@@ -313,7 +344,7 @@ def test_a_request_can_opt_out_and_unseeded_ones_draw_a_seed(tiny_hybrid):
 def test_a_fault_in_a_drafted_request_fails_it_alone(tiny_with_tokenizer):
     work = workload(300, structured=True)
     off, _, _ = run(tiny_with_tokenizer, None, work, late=1)
-    eng = tiny_engine(tiny_with_tokenizer, speculative="ngram")
+    eng = spec_engine(tiny_with_tokenizer, speculative="ngram")
     eng.faults = FaultInjector()
     groups = [eng.add_request(*w) for w in work]
     victim = groups[9][0]  # a regex row with drafts
@@ -361,3 +392,19 @@ def test_the_server_speculates_and_a_request_may_opt_out(spec_app, tiny_with_tok
               if line.startswith("swaserve_spec_")}
     assert 0 < counts["swaserve_spec_accepted_tokens_total"] <= counts[
         "swaserve_spec_draft_tokens_total"]
+
+
+def test_a_speculator_that_raises_costs_its_drafts_only(tiny_hybrid):
+    work = workload(128, structured=False)[:4]
+    off, _, _ = run(tiny_hybrid[0], None, work)
+    eng = spec_engine(tiny_hybrid[0], speculative="ngram")
+
+    def broken(running):
+        raise RuntimeError("a bug in the draft proposer")
+
+    eng.speculator.drafts = broken
+    groups = [eng.add_request(*w) for w in work]
+    while eng.has_unfinished():
+        eng.step()
+    assert [[r.output_token_ids for r in g] for g in groups] == [[t for t, *_ in g] for g in off]
+    assert all(r.finish_reason.value != "error" for g in groups for r in g)

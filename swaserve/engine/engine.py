@@ -327,10 +327,17 @@ class Engine:
         out, forward_s, sample_s = step.wait()
         if step.scored:
             self._record_prompt_logprobs(step)
+        seqs = step.batch.seqs
+        before = sum(s.request.num_output_tokens for s in seqs)
         changed = self.postprocess(step.batch, step.owners, out, step.failed)
         self._open.remove(step)
-        self.last_step = StepStats(step.batch.num_tokens, len(step.batch.seqs),
+        self.last_step = StepStats(step.batch.num_tokens, len(seqs),
                                    time.perf_counter() - t0, forward_s, sample_s)
+        if self.speculator is not None and all(s.num_known == 1 for s in seqs):
+            # what a token costs in decode steps with drafts and without (speculative.py)
+            self.speculator.gate.observe(
+                len(seqs), any(s.draft for s in seqs), self.last_step.seconds,
+                sum(s.request.num_output_tokens for s in seqs) - before)
         return changed
 
     def _fail_step(self, err: Exception) -> list[Request]:
@@ -366,9 +373,12 @@ class Engine:
         in flight, whose sampled tokens are this step's decode inputs."""
         drafts = None
         if self.speculator is not None:
-            drafts = self.speculator.drafts(self.scheduler.running,
-                                            self.model.same_numerics_rows)
-        batch = self.scheduler.schedule(can_retract=prev is None, drafts=drafts)
+            try:
+                drafts = self.speculator.drafts(self.scheduler.running)
+            except Exception as e:  # noqa: BLE001 - drafts only save time: go on without
+                log.error("speculative drafts failed, this step has none: %s", e, exc_info=e)
+        batch = self.scheduler.schedule(can_retract=prev is None, drafts=drafts,
+                                        max_decode_rows=self._max_decode_rows)
         if not batch.seqs:
             return None
         self._scheduling = batch
@@ -409,6 +419,12 @@ class Engine:
         self._open.append(launched)
         self._scheduling = None
         return launched
+
+    def _max_decode_rows(self, decodes: int, prompt_rows: int) -> int:
+        """Decode rows a step of `decodes` decode seqs and `prompt_rows` prompt rows may
+        grow to with drafts: each row keeps the kernel it would take without them."""
+        return min(self.config.speculative_max_rows,
+                   self.model.same_numerics_rows(decodes, prompt_rows))
 
     def _record_prompt_logprobs(self, step: _Launched) -> None:
         """Hand each scored prompt row's logprobs to its request (by position: a prompt

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swaserve.engine.request import FinishReason, Request, RequestStatus
@@ -158,11 +159,12 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------
     @timed("schedule")
     def schedule(self, can_retract: bool = True,
-                 drafts: dict[str, list[int]] | None = None) -> Batch:
+                 drafts: dict[str, list[int]] | None = None,
+                 max_decode_rows: Callable[[int, int], int] | None = None) -> Batch:
         """The next step's batch. `can_retract=False` while a step is in flight: a request
         that would need a retraction is left out and the batch marked `blocked`. `drafts`:
-        speculative tokens of decoding requests, computed after their token when the budget
-        and free pages allow (a draft never retracts or evicts anything)."""
+        speculative tokens of decoding requests (best first), computed after their token
+        within `max_decode_rows(decode seqs, prompt rows)` decode rows (_add_drafts)."""
         batch = Batch()
         budget = self.chunk_size
         scheduled: set[str] = set()
@@ -181,13 +183,15 @@ class Scheduler:
             if not self._make_room(req, req.num_computed_tokens + n, scheduled, batch,
                                    can_retract):
                 continue
-            draft = self._draft(req, n, budget, drafts)
-            self._slots(req, req.num_computed_tokens + n + len(draft))
-            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n + len(draft),
-                                           req.num_computed_tokens + n == req.num_tokens,
-                                           draft))
+            self._slots(req, req.num_computed_tokens + n)
+            batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
+                                           req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
-            budget -= n + len(draft) if n > 1 or draft or not self.aligned_chunks else 0
+            budget -= n if n > 1 or not self.aligned_chunks else 0
+        # drafts go before new prompts, as their requests' decodes do; they are placed last,
+        # once the prompt rows beside them (which bound their rows) are known
+        held = min(budget, sum(map(len, drafts.values()))) if drafts else 0
+        budget -= held
         # pages the running requests are expected to add: admission leaves them free
         reserved = sum(self.cache.pages_needed(r.row, self._expected_tokens(r))
                        for r in self.running if r.status is RequestStatus.RUNNING)
@@ -232,20 +236,32 @@ class Scheduler:
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n
+        if drafts:
+            self._add_drafts(batch, drafts, budget + held, max_decode_rows)
         return batch
 
-    def _draft(self, req: Request, n: int, budget: int,
-               drafts: dict[str, list[int]] | None) -> list[int]:
-        """The part of `req`'s draft this step computes after its decode token: what the
-        token budget leaves and the free full pages hold without an eviction."""
-        draft = (drafts or {}).get(req.request_id)
-        if not draft or n != 1 or req.num_uncomputed_tokens != 1:
-            return []
-        draft = draft[:max(0, budget - 1)]
-        while draft and (self.cache.pages_needed(req.row, req.num_computed_tokens + 1 + len(draft))
-                         > self.cache.num_free_pages):
-            draft = draft[:-1]
-        return draft
+    def _add_drafts(self, batch: Batch, drafts: dict[str, list[int]], budget: int,
+                    max_decode_rows: Callable[[int, int], int] | None) -> None:
+        """Give decode seqs their drafts, best first, as far as the token budget, the row
+        bound and the free full pages go (a draft never retracts or evicts anything)."""
+        decodes = {s.request.request_id: s for s in batch.seqs if s.num_tokens == 1}
+        prompt_rows = sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)
+        if max_decode_rows is not None:
+            budget = min(budget, max_decode_rows(len(decodes), prompt_rows) - len(decodes))
+        for rid, draft in drafts.items():
+            s = decodes.get(rid)
+            if s is None or budget <= 0:
+                continue
+            req = s.request
+            draft = draft[:budget]
+            while draft and self.cache.pages_needed(
+                    req.row, req.num_computed_tokens + 1 + len(draft)) > self.cache.num_free_pages:
+                draft = draft[:-1]
+            if draft:
+                self._slots(req, req.num_computed_tokens + 1 + len(draft))
+                s.draft = draft
+                s.num_tokens += len(draft)
+                budget -= len(draft)
 
     def _slots(self, req: Request, num_tokens: int) -> None:
         """Full-pool slots for what `req` computes now; room was made, so a shortfall is a

@@ -15,17 +15,23 @@ a draft accepted whole, one past what was accepted otherwise, and after drafts t
 failing none for a while (doubling), so text with nothing to copy costs about nothing.
 The step's rows are capped (`speculative_max_rows`, and the rows whose int8 kernel is the
 one the step would use without drafts) and the draft tokens go to the requests whose drafts
-were accepted best.
+were accepted best. Whether drafts pay at all depends on what a row costs (its share of the
+weights' read, its sampling: a top-p row sorts the vocabulary) against what it brings:
+`CostGate` compares the seconds per emitted token of decode steps with and without drafts,
+per number of decoding requests, and pauses drafting where it costs more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swaserve.engine.request import Request, RequestStatus
 
 MAX_WAIT = 64  # steps a failing request waits at most before it drafts again
+GATE_SAMPLES = 4  # steps of each kind a comparison needs
+GATE_MARGIN = 0.97  # drafts must make a token at least 3 % cheaper
+GATE_REFRESH = 64  # drafted steps between two refreshes of the cost without drafts
+GATE_MAX_PAUSE = 512  # steps drafting pauses at most (doubling from 16)
 
 
 class NgramIndex:
@@ -92,6 +98,61 @@ class DraftState:
 
 
 @dataclass
+class _Costs:
+    on: float = 0.0  # moving seconds per emitted token, steps with drafts
+    off: float = 0.0  # and without
+    n_on: int = 0
+    n_off: int = 0
+    since_off: int = 0  # drafted steps since the last step without drafts
+    pause: int = 0
+    fails: int = 0
+
+
+class CostGate:
+    """Whether drafts pay, per number of decoding requests (1, 2, 3-4, 5-8, ...): seconds per
+    emitted token of pure decode steps with drafts against those without, as moving
+    averages. Each size first measures GATE_SAMPLES steps without drafts, and again every
+    GATE_REFRESH drafted steps; when drafted steps cost more (GATE_MARGIN), drafting pauses
+    there for 16 steps, doubling while it keeps failing."""
+
+    def __init__(self):
+        self.costs: dict[int, _Costs] = {}
+
+    @staticmethod
+    def _bucket(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+
+    def allow(self, n: int) -> bool:
+        c = self.costs.setdefault(self._bucket(n), _Costs())
+        if c.pause:
+            c.pause -= 1
+            return False
+        return c.n_off >= GATE_SAMPLES and c.since_off < GATE_REFRESH
+
+    def observe(self, n: int, drafted: bool, seconds: float, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        c = self.costs.setdefault(self._bucket(n), _Costs())
+        per = seconds / tokens
+        if drafted:
+            c.on = per if c.n_on == 0 else 0.8 * c.on + 0.2 * per
+            c.n_on += 1
+            c.since_off += 1
+            if c.n_on >= GATE_SAMPLES and c.n_off >= GATE_SAMPLES:
+                if c.on > GATE_MARGIN * c.off:
+                    c.fails += 1
+                    c.pause = min(GATE_MAX_PAUSE, 16 << (c.fails - 1))
+                    c.n_on = 0  # a fresh trial after the pause
+                else:
+                    c.fails = 0
+        else:
+            c.off = per if c.n_off == 0 else 0.8 * c.off + 0.2 * per
+            c.n_off += 1
+            if c.n_off >= GATE_SAMPLES:
+                c.since_off = 0
+
+
+@dataclass
 class SpecStats:
     proposed: int = 0
     accepted: int = 0
@@ -108,6 +169,7 @@ class NgramSpeculator:
     def __init__(self, k_max: int, ngram_min: int, ngram_max: int, max_rows: int):
         self.k_max, self.lo, self.hi, self.max_rows = k_max, ngram_min, ngram_max, max_rows
         self.stats = SpecStats()
+        self.gate = CostGate()
 
     def _state(self, req: Request) -> DraftState:
         st = self.stats.states.get(req.request_id)
@@ -116,16 +178,15 @@ class NgramSpeculator:
                                                                 self.k_max)
         return st
 
-    def drafts(self, running: list[Request], row_cap: Callable[[int], int]
-               ) -> dict[str, list[int]]:
-        """Drafts for this step's decoding requests, within `row_cap(decoding requests)`
-        decode rows in all (each request's own row included). Requests with their token
-        still on the device (overlap), in a prompt, or opted out get none."""
+    def drafts(self, running: list[Request]) -> dict[str, list[int]]:
+        """Drafts for this step's decoding requests, best acceptance first, within
+        `max_rows` decode rows in all (the scheduler bounds them further). Requests with
+        their token still on the device (overlap), in a prompt, or opted out get none."""
         decoding = [r for r in running if r.status is RequestStatus.RUNNING
                     and r.num_uncomputed_tokens == 1 and r.num_pending == 0
                     and r.num_output_tokens > 0]
-        budget = min(row_cap(len(decoding)), self.max_rows) - len(decoding)
-        if budget <= 0:
+        budget = self.max_rows - len(decoding)
+        if budget <= 0 or not decoding or not self.gate.allow(len(decoding)):
             return {}
         wanted = []
         for req in decoding:

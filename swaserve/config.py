@@ -104,9 +104,9 @@ class EngineConfig:
                 "acceptance)"})
     ngram_max: int = field(default=4, metadata={"help": "longest n-gram a draft is looked up by"})
     ngram_min: int = field(default=2, metadata={"help": "shortest n-gram a draft is looked up by"})
-    speculative_max_rows: int = field(default=16, metadata={
-        "help": "decode rows a speculative step grows to at most: drafts beyond wait (on a CPU "
-                "a step costs more per row past ~8-16; on a GPU raise it)"})
+    speculative_max_rows: int = field(default=64, metadata={
+        "help": "decode rows a speculative step grows to at most (drafts beyond wait); "
+                "within it, drafts pause at a batch size where they make tokens no cheaper"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     adaptive_threads: bool = field(default=True, metadata={

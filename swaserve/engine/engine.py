@@ -420,11 +420,10 @@ class Engine:
         self._scheduling = None
         return launched
 
-    def _max_decode_rows(self, decodes: int, prompt_rows: int) -> int:
-        """Decode rows a step of `decodes` decode seqs and `prompt_rows` prompt rows may
-        grow to with drafts: each row keeps the kernel it would take without them."""
-        return min(self.config.speculative_max_rows,
-                   self.model.same_numerics_rows(decodes, prompt_rows))
+    def _max_decode_rows(self, decodes: int) -> int:
+        """Rows a decode step of `decodes` seqs may grow to with drafts: each row keeps the
+        kernel it would take without them."""
+        return min(self.config.speculative_max_rows, self.model.same_numerics_rows(decodes))
 
     def _record_prompt_logprobs(self, step: _Launched) -> None:
         """Hand each scored prompt row's logprobs to its request (by position: a prompt

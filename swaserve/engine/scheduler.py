@@ -160,11 +160,11 @@ class Scheduler:
     @timed("schedule")
     def schedule(self, can_retract: bool = True,
                  drafts: dict[str, list[int]] | None = None,
-                 max_decode_rows: Callable[[int, int], int] | None = None) -> Batch:
+                 max_decode_rows: Callable[[int], int] | None = None) -> Batch:
         """The next step's batch. `can_retract=False` while a step is in flight: a request
         that would need a retraction is left out and the batch marked `blocked`. `drafts`:
         speculative tokens of decoding requests (best first), computed after their token
-        within `max_decode_rows(decode seqs, prompt rows)` decode rows (_add_drafts)."""
+        within `max_decode_rows(decode seqs)` decode rows (_add_drafts)."""
         batch = Batch()
         budget = self.chunk_size
         scheduled: set[str] = set()
@@ -188,10 +188,6 @@ class Scheduler:
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n if n > 1 or not self.aligned_chunks else 0
-        # drafts go before new prompts, as their requests' decodes do; they are placed last,
-        # once the prompt rows beside them (which bound their rows) are known
-        held = min(budget, sum(map(len, drafts.values()))) if drafts else 0
-        budget -= held
         # pages the running requests are expected to add: admission leaves them free
         reserved = sum(self.cache.pages_needed(r.row, self._expected_tokens(r))
                        for r in self.running if r.status is RequestStatus.RUNNING)
@@ -236,18 +232,20 @@ class Scheduler:
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n
-        if drafts:
-            self._add_drafts(batch, drafts, budget + held, max_decode_rows)
+        if drafts and all(s.num_tokens == 1 for s in batch.seqs):
+            self._add_drafts(batch, drafts, budget, max_decode_rows)
         return batch
 
     def _add_drafts(self, batch: Batch, drafts: dict[str, list[int]], budget: int,
-                    max_decode_rows: Callable[[int, int], int] | None) -> None:
-        """Give decode seqs their drafts, best first, as far as the token budget, the row
-        bound and the free full pages go (a draft never retracts or evicts anything)."""
+                    max_decode_rows: Callable[[int], int] | None) -> None:
+        """Give the decode seqs of a step without prompt chunks their drafts, best first, as
+        far as the token budget, the row bound and the free full pages go (a draft never
+        retracts or evicts anything). Beside a prompt chunk, rows that drafts add were
+        measured to cost more than they bring at batch 32 (their cost is the prompt's step,
+        which the cost gate cannot see); so drafts stay out of those steps."""
         decodes = {s.request.request_id: s for s in batch.seqs if s.num_tokens == 1}
-        prompt_rows = sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)
         if max_decode_rows is not None:
-            budget = min(budget, max_decode_rows(len(decodes), prompt_rows) - len(decodes))
+            budget = min(budget, max_decode_rows(len(decodes)) - len(decodes))
         for rid, draft in drafts.items():
             s = decodes.get(rid)
             if s is None or budget <= 0:

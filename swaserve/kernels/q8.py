@@ -102,14 +102,11 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
     return "vnni" if vnni else "amx" if amx else None
 
 
-def same_kernel_rows(m: int, tiled: bool = True, prompt_rows: int = 0) -> int:
-    """The most decode rows a pure decode step of m rows may grow to and still take the
-    kernel m rows take: rows do not depend on their batch within one kernel, but two
-    kernels round differently. A step with prompt rows takes the prompt's kernel, whose
-    choice depends on what runs beside it anyway: no bound there."""
+def same_kernel_rows(m: int, tiled: bool = True) -> int:
+    """The most rows a decode step of m rows may grow to and still take the kernel m rows
+    take: rows do not depend on their batch within one kernel, but two kernels round
+    differently."""
     unbounded = 1 << 62
-    if prompt_rows:
-        return unbounded
     if tiled:
         return VNNI_ROWS if tile_kernel(m) == "vnni" else unbounded
     return FAST_ROWS if m <= FAST_ROWS else unbounded

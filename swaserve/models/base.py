@@ -123,16 +123,15 @@ class CausalLM(nn.Module):
                 if fits(w, getattr(layer, name, None)):
                     layer.q8[name] = w
 
-    def same_numerics_rows(self, m: int, prompt_rows: int = 0) -> int:
-        """The most decode rows a step of m decode rows (and `prompt_rows` prompt rows) may
-        grow to with speculative drafts and still multiply each row with the kernel it
-        takes without them (kernels/q8.same_kernel_rows)."""
+    def same_numerics_rows(self, m: int) -> int:
+        """The most rows a decode step of m rows may grow to with speculative drafts and
+        still multiply each row with the kernel it takes without them (q8.same_kernel_rows)."""
         weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
         if self.lm_head_q8 is not None:
             weights.append(self.lm_head_q8)
         if not weights:
             return 1 << 62
-        return min(same_kernel_rows(m, w.tiled, prompt_rows) for w in weights)
+        return min(same_kernel_rows(m, w.tiled) for w in weights)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         n = self.lm_head_q8.shape[0]

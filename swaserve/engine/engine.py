@@ -17,6 +17,12 @@ Otherwise the step is read back first. A request that stops while the next step 
 computes it loses that extra token, and its memory is freed once the step is done. Outputs
 are the same with and without overlap.
 
+Speculative decoding (`speculative="ngram"`, engine/speculative.py): before a step each
+decoding request may get a draft; the scheduler adds it to the request's decode token as
+more decode rows, the sample stage samples each row as if the draft before it was kept, and
+postprocess keeps tokens while they equal the draft (`_accept_draft`), then forgets the KV
+of the rest. The output is the non-speculative output.
+
 Faults stay with their request: a row whose sampling, grammar mask, detokenization or stop
 check raises fails that request only (FinishReason.ERROR with a RequestError); the rest of
 the batch gets exactly the tokens it would have got. A fault no request can be blamed for

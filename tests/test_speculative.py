@@ -408,3 +408,31 @@ def test_a_speculator_that_raises_costs_its_drafts_only(tiny_hybrid):
         eng.step()
     assert [[r.output_token_ids for r in g] for g in groups] == [[t for t, *_ in g] for g in off]
     assert all(r.finish_reason.value != "error" for g in groups for r in g)
+
+
+def test_the_index_reads_a_bounded_lookback(monkeypatch):
+    monkeypatch.setattr(speculative, "LOOKBACK", 10)
+    idx = NgramIndex(2, 2)
+    idx.extend(_Req([7, 8, 9] + [1] * 20 + [5, 6, 3, 5, 6]))
+    assert idx.propose(2) == [3, 5]  # "5 6" 3 tokens back: inside the lookback
+    assert sum(map(len, idx.ends.values())) <= 10
+    far = NgramIndex(2, 2)
+    far.extend(_Req([5, 6, 4] + [1] * 20 + [5, 6]))
+    assert far.propose(2) == []  # its only earlier "5 6" lies beyond it
+
+
+def test_a_draft_never_evicts_a_cached_prefix(tiny_hybrid):
+    eng = spec_engine(tiny_hybrid[0], speculative="ngram", window_cache_memory="16KiB")
+    first = eng.add_request([4, 5, 6] * 8, SamplingParams(temperature=0, max_tokens=4))[0]
+    while eng.has_unfinished():
+        eng.step()
+    req = eng.add_request([9, 9, 9], SamplingParams(temperature=0, max_tokens=40))[0]
+    eng.step()  # its prompt: one page, its first token
+    alloc = eng.cache.window_pages.allocator
+    alloc.alloc(alloc.num_free)  # no window page free: a new one would evict the prefix
+    nodes, page = eng.cache.prefix.num_nodes, eng.cache.page_size
+    assert first.is_finished and nodes > 0 and req.num_computed_tokens == page - 1
+    batch = eng.scheduler.schedule(drafts={req.request_id: [9] * 4},
+                                   max_decode_rows=eng._max_decode_rows)
+    assert [s.draft for s in batch.seqs] == [[]]  # past its page it would need a new one
+    assert eng.cache.prefix.num_nodes == nodes

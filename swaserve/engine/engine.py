@@ -334,13 +334,14 @@ class Engine:
         if step.scored:
             self._record_prompt_logprobs(step)
         seqs = step.batch.seqs
-        before = sum(s.request.num_output_tokens for s in seqs)
+        # what a token costs in decode steps with drafts and without (speculative.CostGate)
+        gated = self.speculator is not None and all(s.num_known == 1 for s in seqs)
+        before = sum(s.request.num_output_tokens for s in seqs) if gated else 0
         changed = self.postprocess(step.batch, step.owners, out, step.failed)
         self._open.remove(step)
         self.last_step = StepStats(step.batch.num_tokens, len(seqs),
                                    time.perf_counter() - t0, forward_s, sample_s)
-        if self.speculator is not None and all(s.num_known == 1 for s in seqs):
-            # what a token costs in decode steps with drafts and without (speculative.py)
+        if gated:
             self.speculator.gate.observe(
                 len(seqs), any(s.draft for s in seqs), self.last_step.seconds,
                 sum(s.request.num_output_tokens for s in seqs) - before)

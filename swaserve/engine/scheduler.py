@@ -239,8 +239,8 @@ class Scheduler:
     def _add_drafts(self, batch: Batch, drafts: dict[str, list[int]], budget: int,
                     max_decode_rows: Callable[[int], int] | None) -> None:
         """Give the decode seqs of a step without prompt chunks their drafts, best first, as
-        far as the token budget, the row bound and the free full pages go (a draft never
-        retracts or evicts anything). Beside a prompt chunk, rows that drafts add were
+        far as the token budget, the row bound and the free pages go (a draft never retracts
+        a request or evicts a cached prefix). Beside a prompt chunk, rows that drafts add were
         measured to cost more than they bring at batch 32 (their cost is the prompt's step,
         which the cost gate cannot see); so drafts stay out of those steps."""
         decodes = {s.request.request_id: s for s in batch.seqs if s.num_tokens == 1}
@@ -252,8 +252,8 @@ class Scheduler:
                 continue
             req = s.request
             draft = draft[:budget]
-            while draft and self.cache.pages_needed(
-                    req.row, req.num_computed_tokens + 1 + len(draft)) > self.cache.num_free_pages:
+            while draft and not self.cache.fits_free(req.row,
+                                                     req.num_computed_tokens + 1 + len(draft)):
                 draft = draft[:-1]
             if draft:
                 self._slots(req, req.num_computed_tokens + 1 + len(draft))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from swaserve.engine.request import Request, RequestStatus
 
 MAX_WAIT = 64  # steps a failing request waits at most before it drafts again
+LOOKBACK = 8192  # tokens before a request's first draft that its index reads at most
 GATE_SAMPLES = 4  # steps of each kind a comparison needs
 GATE_MARGIN = 0.97  # drafts must make a token at least 3 % cheaper
 GATE_REFRESH = 64  # drafted steps between two refreshes of the cost without drafts
@@ -36,7 +37,9 @@ GATE_MAX_PAUSE = 512  # steps drafting pauses at most (doubling from 16)
 
 class NgramIndex:
     """Where each n-gram of a request's tokens (n in [lo, hi]) last ended, kept up to date
-    as tokens are appended, so a lookup costs O(hi) whatever the length."""
+    as tokens are appended, so a lookup costs O(hi) whatever the length. The first lookup
+    indexes at most the LOOKBACK tokens before it, so a long prompt neither stalls the step
+    that drafts for it first nor holds an entry per prompt token."""
 
     def __init__(self, lo: int, hi: int):
         self.lo, self.hi = lo, hi
@@ -57,6 +60,7 @@ class NgramIndex:
         (of length hi down to lo) seen before; [] when none recurs. An occurrence fewer
         than k tokens back means the text repeats with that period: the draft continues it."""
         t, size = self.tokens, len(self.tokens)
+        self.indexed = max(self.indexed, size - LOOKBACK)
         for e in range(self.indexed + 1, size):  # grams ending before the last position
             for n in range(self.lo, min(self.hi, e) + 1):
                 self.ends[n][tuple(t[e - n:e])] = e
@@ -197,7 +201,7 @@ class NgramSpeculator:
                 st.wait -= 1
                 continue
             room = req.max_new_tokens - req.num_generated - 1  # the step adds one more
-            k = min(st.k, room, req.max_model_len - req.num_tokens - 1)
+            k = min(st.k, room)
             if k <= 0:
                 continue
             st.index.extend(req)

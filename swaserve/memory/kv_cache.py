@@ -123,6 +123,16 @@ class KVCache:
                 wp.extend(got + [None] * (need - len(got)))
         return True
 
+    def fits_free(self, row: int, num_tokens: int) -> bool:
+        """Positions [0, num_tokens) of `row` fit the full and window pages free now, with no
+        cached prefix evicted (what a speculative draft may take)."""
+        if self.pages_needed(row, num_tokens) > self.num_free_pages:
+            return False
+        if self.window_pages is None:
+            return True
+        need = -(-num_tokens // self.page_size) - len(self.row_window_pages[row])
+        return need <= self.window_pages.allocator.num_free
+
     def discard(self, row: int, start: int, end: int) -> None:
         """Forget positions [start, end) of a row (a draft's rejected tokens): its ring slots
         hold no position any more, and the full and window pages past those that positions

@@ -92,6 +92,7 @@ class CausalLM(nn.Module):
         # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
         # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
+        self._q8_tilings: frozenset[bool] | None = None  # of the int8 weights (same_numerics_rows)
         self._logits_out: torch.Tensor | None = None  # its reused output (`forward`)
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
@@ -114,6 +115,7 @@ class CausalLM(nn.Module):
             return w is not None and p is not None and w.shape == tuple(p.shape)
 
         self._fused = None  # it holds the weights' addresses: rebuilt on the next step
+        self._q8_tilings = None
         head = q8.get("lm_head")
         if fits(head, self.embed if self.lm_head is None else self.lm_head):
             self.lm_head_q8 = head
@@ -126,12 +128,12 @@ class CausalLM(nn.Module):
     def same_numerics_rows(self, m: int) -> int:
         """The most rows a decode step of m rows may grow to with speculative drafts and
         still multiply each row with the kernel it takes without them (q8.same_kernel_rows)."""
-        weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
-        if self.lm_head_q8 is not None:
-            weights.append(self.lm_head_q8)
-        if not weights:
-            return 1 << 62
-        return min(same_kernel_rows(m, w.tiled) for w in weights)
+        if self._q8_tilings is None:  # once per set of int8 weights (use_q8 resets it)
+            weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
+            if self.lm_head_q8 is not None:
+                weights.append(self.lm_head_q8)
+            self._q8_tilings = frozenset(w.tiled for w in weights)
+        return min((same_kernel_rows(m, t) for t in self._q8_tilings), default=1 << 62)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         n = self.lm_head_q8.shape[0]

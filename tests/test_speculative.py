@@ -11,11 +11,10 @@ import torch
 from conftest import TINY_WINDOW as W
 from conftest import random_prompt, tiny_engine, use_int8_copies
 
-from swaserve.engine.faults import FaultInjector
 from swaserve.engine import speculative
+from swaserve.engine.faults import FaultInjector
 from swaserve.engine.speculative import CostGate, NgramIndex
 from swaserve.kernels import q8
-from swaserve.memory.window_pool import EMPTY
 from swaserve.sampling.params import SamplingParams
 
 pytest.importorskip("llguidance")

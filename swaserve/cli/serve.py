@@ -14,6 +14,7 @@ import uvicorn
 
 from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from swaserve.server.build import ServerOptions
 
 log = logging.getLogger("swaserve")
 
@@ -77,34 +78,47 @@ def register(sub) -> None:
     p.add_argument("--public-path", action="append", default=[],
                    help="with --api-key, a path served without the key (e.g. /metrics); "
                         "repeatable. /health is always open")
+    g = p.add_argument_group("replicas (Ray Serve: pip install 'ray[serve]')")
+    g.add_argument("--data-parallel-size", "--replicas", dest="data_parallel_size", type=int,
+                   default=1, help="engine replicas behind the one port, each a Ray Serve "
+                   "replica with its own engine; above 1 without --ray-address a local Ray "
+                   "instance is started on this machine")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (e.g. 'auto' or 'head:6379') and place the "
+                        "replicas on its nodes")
+    g.add_argument("--routing", choices=("prefix", "round-robin"), default="prefix",
+                   help="how requests pick a replica: the one that most likely holds the "
+                        "prompt's prefix, unless it is much busier (default), or in turn")
+    g.add_argument("--replica-cpus", type=float, default=None,
+                   help="CPUs each replica reserves (default: --num-threads, else the "
+                        "cluster's CPUs shared among the replicas); its torch threads follow")
     add_engine_args(p)
     p.set_defaults(func=run)
 
 
-def default_model_name(engine) -> str:
-    name = engine.source.path.name
-    return name.removesuffix(".gguf") if engine.source.fmt == "gguf" else name
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(api_key=args.api_key, served_model_name=args.served_model_name,
+                         max_waiting=args.max_waiting, request_timeout=args.request_timeout,
+                         shutdown_timeout=args.shutdown_timeout,
+                         max_request_bytes=args.max_request_bytes,
+                         public_paths=frozenset(args.public_path))
 
 
 def run(args: argparse.Namespace) -> int:
-    from swaserve.engine.engine import Engine
-    from swaserve.server.app import create_app
-    from swaserve.server.async_engine import AsyncEngine
-
     logging.getLogger("swaserve").setLevel(logging.INFO)
-    for name, v in (("max_waiting", args.max_waiting), ("max_request_bytes", args.max_request_bytes)):
-        if v < 1:
-            raise ValueError(f"{name}: must be a positive integer, got {v}")
-    for name, v in (("request_timeout", args.request_timeout),
-                    ("shutdown_timeout", args.shutdown_timeout)):
-        if v is not None and not v > 0:
-            raise ValueError(f"{name}: must be a positive number of seconds, got {v}")
-    engine = Engine(engine_config(args))
-    aengine = AsyncEngine(engine, max_waiting=args.max_waiting,
-                          request_timeout=args.request_timeout)
-    name = args.served_model_name or default_model_name(engine)
-    app = create_app(aengine, name, args.api_key, args.max_request_bytes,
-                     frozenset(args.public_path))
+    options = server_options(args)
+    if args.data_parallel_size < 1:
+        raise ValueError(f"data_parallel_size: must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 or args.ray_address is not None:
+        from swaserve.ray.launch import serve_on_ray
+
+        return serve_on_ray(engine_config(args), options, host=args.host, port=args.port,
+                            num_replicas=args.data_parallel_size, address=args.ray_address,
+                            routing=args.routing, replica_cpus=args.replica_cpus)
+    from swaserve.server.build import build_server
+
+    server = build_server(engine_config(args), options)
+    aengine, app, name = server.aengine, server.app, server.model_name
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -115,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
     app.router.lifespan_context = lifespan
     # uvicorn's own limit is only a backstop: the drain above ends every stream first
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
-    GracefulServer(config, aengine, args.shutdown_timeout).run()
+                            timeout_graceful_shutdown=options.shutdown_timeout + 5)
+    GracefulServer(config, aengine, options.shutdown_timeout).run()
     return 0

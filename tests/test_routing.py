@@ -91,10 +91,13 @@ def test_choose_prefers_the_holder_unless_it_is_much_busier():
     idx = PrefixIndex()
     idx.insert([1, 2, 3], "a")
     idx.insert([1], "b")
-    assert choose([1, 2, 3, 4], {"a": 3, "b": 0}, idx)[0] == "a"  # 3 - 0 <= 4
-    assert choose([1, 2, 3, 4], {"a": 5, "b": 0}, idx) == ["b", "a"]  # much busier
-    assert choose([1, 2, 3, 4], {"a": 20, "b": 10}, idx)[0] == "a"  # within 2x + 4
-    assert choose([1, 2, 3, 4], {"a": 25, "b": 10}, idx)[0] == "b"
+    kw = {"imbalance": 4, "imbalance_ratio": 1.0}
+    assert choose([1, 2, 3, 4], {"a": 3, "b": 0}, idx, **kw)[0] == "a"  # 3 - 0 <= 4
+    assert choose([1, 2, 3, 4], {"a": 5, "b": 0}, idx, **kw) == ["b", "a"]  # much busier
+    assert choose([1, 2, 3, 4], {"a": 20, "b": 10}, idx, **kw)[0] == "a"  # within 2x + 4
+    assert choose([1, 2, 3, 4], {"a": 25, "b": 10}, idx, **kw)[0] == "b"
+    assert choose([1, 2, 3, 4], {"a": 8, "b": 0}, idx)[0] == "a"  # the default: 8
+    assert choose([1, 2, 3, 4], {"a": 9, "b": 0}, idx)[0] == "b"
     assert choose([1, 2, 3, 4], {"a": 3, "b": 0}, idx, imbalance=0, imbalance_ratio=0)[0] == "b"
     assert choose([9, 9], {"a": 0, "b": 1}, idx)[0] == "a"  # nobody holds it: least loaded
     assert choose([], {"a": 2, "b": 1}, idx)[0] == "b"

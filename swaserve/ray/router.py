@@ -13,7 +13,7 @@ from collections import Counter
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from swaserve.ray.routing import PrefixIndex, choose
+from swaserve.ray.routing import IMBALANCE, IMBALANCE_RATIO, PrefixIndex, choose
 
 
 class _Loads(RequestRouter):
@@ -36,7 +36,7 @@ class _Loads(RequestRouter):
 class PrefixAffinityRouter(_Loads):
     """The replica most likely to hold the prompt's prefix, unless it is much busier."""
 
-    def initialize_state(self, imbalance: int = 4, imbalance_ratio: float = 1.0,
+    def initialize_state(self, imbalance: int = IMBALANCE, imbalance_ratio: float = IMBALANCE_RATIO,
                          max_blocks: int = 200_000, **_):
         self.index = PrefixIndex(max_blocks)
         self.imbalance, self.imbalance_ratio = imbalance, imbalance_ratio

@@ -25,6 +25,11 @@ from collections.abc import Hashable, Iterable, Mapping
 BLOCK_CHARS = 128  # ~32 tokens of English: a couple of the engine's 16-token pages
 MAX_BLOCKS = 1024  # prompts are summarized up to 128 K characters
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+# the holder of a prefix is "much busier" past max(IMBALANCE, IMBALANCE_RATIO * least load)
+# requests more than the least-loaded replica: a miss costs one prefill, a queue that long
+# costs every request in it a share of the steps
+IMBALANCE = 8
+IMBALANCE_RATIO = 1.0
 
 
 def prompt_text(body: Mapping) -> str | None:
@@ -116,7 +121,8 @@ class PrefixIndex:
 
 
 def choose(blocks: list[int], loads: Mapping[Hashable, int], index: PrefixIndex,
-           imbalance: int = 4, imbalance_ratio: float = 1.0) -> list[Hashable]:
+           imbalance: int = IMBALANCE, imbalance_ratio: float = IMBALANCE_RATIO
+           ) -> list[Hashable]:
     """Replicas in the order they should be tried. The longest match comes first unless its
     load exceeds the least load by more than max(imbalance, imbalance_ratio * least load);
     then, and for a prompt nobody holds, the least-loaded replica (ties: fewest blocks held,

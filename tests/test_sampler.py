@@ -211,10 +211,21 @@ def test_seeded_temperature_rows_prune_exactly():
         assert got[i].item() == want.item()
 
 
-@pytest.mark.parametrize("scale", [6.0, 0.05])  # peaked: candidates suffice; flat: sort fallback
-def test_top_p_over_whole_vocabulary_matches_full_sort(scale):
+def _sorted_reference(logits_row: torch.Tensor, p: SamplingParams, r) -> int:
+    """The token of a seeded filtering row drawn over the whole sorted vocabulary."""
     from swaserve.sampling.sampler import filter_sorted
 
+    vals, ids = (logits_row / p.temperature).sort(descending=True)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else len(vals)])
+    keep = filter_sorted(vals[None], top_k, torch.tensor([p.top_p]), torch.tensor([p.min_p]))[0]
+    lo, hi = murmur.split_seed(r.seed)
+    prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
+    noise = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
+    return ids[(vals.double() + noise).masked_fill(~keep, float("-inf")).argmax()].item()
+
+
+@pytest.mark.parametrize("scale", [6.0, 0.05])  # peaked: candidates suffice; flat: sort fallback
+def test_top_p_over_whole_vocabulary_matches_full_sort(scale):
     v = 5000  # wider than the bounded candidate width
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, v, generator=g) * scale
@@ -223,10 +234,37 @@ def test_top_p_over_whole_vocabulary_matches_full_sort(scale):
     rows = [row(p, pos=9 + i) for i, p in enumerate(params)]
     got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
     for i, (p, r) in enumerate(zip(params, rows)):
-        vals, ids = (logits[i] / p.temperature).sort(descending=True)
-        keep = filter_sorted(vals[None], torch.tensor([v]), torch.tensor([p.top_p]), torch.tensor([p.min_p]))[0]
-        lo, hi = murmur.split_seed(r.seed)
-        prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
-        noise = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
-        want = ids[(vals.double() + noise).masked_fill(~keep, float("-inf")).argmax()]
-        assert got[i].item() == want.item()
+        assert got[i].item() == _sorted_reference(logits[i], p, r)
+
+
+def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch):
+    """Rows whose kept set passes BOUNDED_TOP_K but fits WIDE_TOP_K (here 3,000 of 5,000)
+    draw from the wide candidates, with the full sort's token; the others still sort."""
+    from swaserve.sampling import sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "WIDE_TOP_K", 3000)
+    v = 5000
+    logits = torch.randn(8, v, generator=torch.Generator().manual_seed(3)) * 2.0
+    logits[6:] *= 0.02  # flat: past the wide width too
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1),
+              SamplingParams(temperature=1.2, top_p=0.95, seed=2),
+              SamplingParams(temperature=1.0, top_k=2000, top_p=0.99, seed=3),
+              SamplingParams(temperature=1.0, min_p=0.0005, seed=4),
+              SamplingParams(temperature=0.8, top_k=2500, seed=5),
+              SamplingParams(temperature=1.0, top_p=0.6, seed=6),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=7),
+              SamplingParams(temperature=1.0, top_k=4000, top_p=0.97, seed=8)]
+    rows = [row(p, pos=3 + i) for i, p in enumerate(params)]
+    sorts = []
+    real_sort = torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **kw: (
+        sorts.append(self.shape[0]), real_sort(self, *a, **kw))[1])
+    got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
+    monkeypatch.setattr(torch.Tensor, "sort", real_sort)
+    nucleus = []
+    for i, (p, r) in enumerate(zip(params, rows)):
+        assert got[i].item() == _sorted_reference(logits[i], p, r), i
+        pr = torch.softmax(logits[i] / p.temperature, -1).sort(descending=True).values
+        nucleus.append(int((pr.cumsum(0) - pr < p.top_p).sum()))
+    assert sum(1024 < n <= 3000 for n in nucleus[:6]) >= 2, nucleus  # the wide tier ran
+    assert sorts == [2]  # only the two flat rows sorted the vocabulary

@@ -7,7 +7,8 @@ full-vocabulary candidate path. Medians over --steps decode steps.
 Mixes (docs/architecture.md, Sampling; issue 3): half top-p 0.9 + top-k 50, a quarter seeded (same filter,
 seed set), a quarter greedy. "seeded-temp" makes the seeded quarter temperature-only, which
 hashes the whole vocabulary for those rows. "full-path" gives one filtering row top_k=2000,
-so every filtering row goes through the sorted vocabulary.
+so every filtering row goes through the sorted vocabulary. "nucleus" is every row at T=1,
+top-p 0.95 (the OpenAI default-like chat setting): nuclei past 1,024 candidates.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def mixes(b: int) -> dict[str, list[SamplingParams]]:
                       for i in range(quarter)] + greedy[: b - half - quarter])
     full = list(mixed)
     full[0] = SamplingParams(temperature=0.8, top_k=2000, top_p=0.9, max_tokens=10**4, ignore_eos=True)
+    nucleus = [SamplingParams(temperature=1.0, top_p=0.95, seed=3000 + i, max_tokens=10**4,
+                              ignore_eos=True) for i in range(b)]
     return {"all-greedy": greedy, "mixed (bounded path)": mixed, "mixed, seeded-temp": seeded_temp,
-            "mixed (full path)": full}
+            "mixed (full path)": full, "nucleus (T=1, top-p .95)": nucleus}
 
 
 def run(llm: LLM, params: list[SamplingParams], steps: int, prompts) -> tuple[float, float]:

@@ -108,6 +108,10 @@ class EngineConfig:
         "help": "decode rows a speculative step grows to at most (drafts beyond wait; on this "
                 "2-core CPU a row past 32 costs nearly what it brings: raise it on a GPU); "
                 "within it, drafts pause at a batch size where they make tokens no cheaper"})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "shard the model over this many processes (torch.distributed: gloo on a "
+                "CPU, NCCL on GPUs); rank 0 schedules, samples and serves. On one machine "
+                "the other ranks are spawned; MASTER_ADDR / MASTER_PORT set the rendezvous"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     adaptive_threads: bool = field(default=True, metadata={
@@ -121,7 +125,7 @@ class EngineConfig:
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
         for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",
-                     "speculative_max_rows"):
+                     "speculative_max_rows", "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
@@ -129,6 +133,12 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.tensor_parallel_size > 1:
+            for name, on in (("speculative", self.speculative is not None),
+                             ("overlap", self.overlap is True),
+                             ("batch_invariant", self.batch_invariant)):
+                if on:
+                    raise ValueError(f"{name}: not available with tensor_parallel_size > 1")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min: {self.ngram_min} is above ngram_max {self.ngram_max}")
         if self.kv_memory is not None:

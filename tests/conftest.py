@@ -17,12 +17,13 @@ TINY_WINDOW = 8
 
 
 def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0,
-                      max_positions=512):
+                      max_positions=512, num_heads=2, num_kv_heads=1):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     cfg = Gemma3TextConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=window,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=16,
+        sliding_window=window,
         layer_types=layer_types, max_position_embeddings=max_positions, query_pre_attn_scalar=16,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},

@@ -12,7 +12,7 @@ from swaserve.config import DTYPE_BYTES, EngineConfig
 from swaserve.memory.planner import compare_accounting
 
 PLAN_FIELDS = ("model", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
-               "speculative", "num_draft_tokens")
+               "speculative", "num_draft_tokens", "tensor_parallel_size")
 
 
 def register(sub) -> None:
@@ -26,14 +26,17 @@ def register(sub) -> None:
 
 
 def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0.8) -> dict:
-    """Capacity of `config.kv_memory` for `config.model` under the three accountings."""
+    """Capacity of `config.kv_memory` for `config.model` under the three accountings; with
+    tensor_parallel_size > 1 the budget and the bytes are one rank's (its KV heads)."""
     from swaserve.checkpoint.source import resolve_model
+    from swaserve.distributed.shard import local_config
 
     if config.kv_memory is None:
         raise ValueError("kv_memory: plan needs a budget, e.g. --kv-memory 4GiB")
     source = resolve_model(config.model)
     cfg = source.model_config()
-    layout = cfg.cache_layout()
+    tp = config.tensor_parallel_size
+    layout = local_config(cfg, tp).cache_layout()
     budget = config.kv_memory_bytes
     acc = compare_accounting(layout, budget, DTYPE_BYTES[config.dtype], context=context,
                              chunk_size=config.step_tokens, page_size=config.page_size,
@@ -42,6 +45,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     return {
         "model": str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
+        "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    "window": layout.max_window or None,
                    "ring": layout.ring_size(config.step_tokens, config.page_size),
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
           f"ring {lay['ring']} slots: W + {lay['step_tokens']} tokens a step, "
           f"{lay['draft_allowance']} of them for drafts); budget {rep['kv_memory_bytes'] / gib:.2f} GiB, "
           f"context {rep['context']}, {rep['dtype']}")
+    if rep["tensor_parallel_size"] > 1:
+        print(f"per rank of {rep['tensor_parallel_size']}: {rep['kv_heads_per_rank']} KV heads "
+              f"a layer, the budget above on each rank")
     cols = ["ring", "token_scaled", "full_history"]
     rows = [("bytes per token", "bytes_per_token", "{:,.0f}"),
             ("fixed bytes per request", "fixed_bytes_per_request", "{:,}"),

@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     server = build_server(engine_config(args), options)
     aengine, app, name = server.aengine, server.app, server.model_name
+    exit_code = 0
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -130,5 +131,17 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn's own limit is only a backstop: the drain above ends every stream first
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=options.shutdown_timeout + 5)
-    GracefulServer(config, aengine, options.shutdown_timeout).run()
-    return 0
+    uv = GracefulServer(config, aengine, options.shutdown_timeout)
+    tp = aengine.engine.tp
+    if tp is not None:  # a lost rank: unhealthy at once, then exit for the supervisor
+
+        def broken(why: str) -> None:
+            nonlocal exit_code
+            exit_code = 1
+            aengine.dead = aengine.dead or why
+            aengine.fail_streams(f"the engine stopped: {why}")
+            uv.should_exit = True
+
+        tp.on_broken.append(broken)
+    uv.run()
+    return exit_code

@@ -42,7 +42,10 @@ from dataclasses import dataclass
 import torch
 
 from swaserve import profile
+from swaserve.checkpoint.source import resolve_model
 from swaserve.config import EngineConfig
+from swaserve.distributed.group import GroupBroken
+from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
@@ -113,18 +116,21 @@ class Engine:
         elif overrides:
             config = dataclasses.replace(config, **overrides)
         self.config = config
-        threads = config.num_threads or os.cpu_count() or 1
+        threads = threads_per_rank(config)
         torch.set_num_threads(threads)
         if str(config.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device: cuda was asked for but torch sees no CUDA device")
         self.device = torch.device(config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
-        loaded = load_model(config, self.dtype, self.device)
+        # tensor parallelism: this process is rank 0 and holds one shard of everything
+        self.tp = (TensorParallel(config, resolve_model(config.model).model_config().vocab_size)
+                   if config.tensor_parallel_size > 1 else None)
+        loaded = load_model(config, self.dtype, self.device, self.tp and self.tp.group)
         self.source, self.model_config, self.tokenizer = loaded.source, loaded.config, loaded.tokenizer
         self.model, self.max_model_len = loaded.model, loaded.max_model_len
         cfg = self.model_config
-        self.layout = cfg.cache_layout()
+        self.layout = self.model.cfg.cache_layout()  # a rank's KV heads
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
@@ -132,8 +138,11 @@ class Engine:
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
                              prefix_cache=self.prefix_cache)
+        if self.tp is not None:
+            self.cache.copy_log = []
+            self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)
         self.runner = ModelRunner(self.model, cfg, self.cache, self.device,
-                                  batch_invariant=config.batch_invariant)
+                                  batch_invariant=config.batch_invariant, tp=self.tp)
         self.scheduler = Scheduler(self.cache, config.chunk_size,
                                    aligned_chunks=config.batch_invariant)
         self.vocab_size = cfg.vocab_size
@@ -145,7 +154,8 @@ class Engine:
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos),
                                         json_bounds=config.json_bounds)
         # on a CPU the host work would take a core from the forward's threads
-        self.overlap = config.overlap if config.overlap is not None else self.device.type != "cpu"
+        self.overlap = (config.overlap if config.overlap is not None
+                        else self.device.type != "cpu" and self.tp is None)
         self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
                         if self.overlap else None)
         self._inflight: _Launched | None = None
@@ -165,7 +175,7 @@ class Engine:
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
                          and self.device.type == "cpu" and not config.batch_invariant
                          and not self.overlap and not os.environ.get(FIXED_THREADS_ENV)
-                         else None)
+                         and self.tp is None else None)
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
         # diagnostics: when a list, every sampled logits row is appended as
@@ -173,6 +183,11 @@ class Engine:
         self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
         # EngineConfig.profile or SWASERVE_PROFILE=1: each part's time (swaserve/profile.py)
         self.profile = profile.start() if config.profile or profile.requested() else None
+
+    def close(self) -> None:
+        """Stop what this engine started beside its own thread (tensor-parallel ranks)."""
+        if self.tp is not None:
+            self.tp.close()
 
     @property
     def step_in_flight(self) -> _Launched | None:
@@ -293,6 +308,8 @@ class Engine:
         overlap these are the previous step's, and the next step is already computing."""
         try:
             changed = self._step()
+        except GroupBroken:  # a rank is gone: no step can run again
+            raise
         except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
             return self._fail_step(e)
         if self.governor is not None and self.last_step is not None:

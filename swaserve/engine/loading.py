@@ -12,6 +12,7 @@ from swaserve.checkpoint.source import ModelLoadError, ModelSource, resolve_mode
 from swaserve.checkpoint.tokenizer import Tokenizer, load_tokenizer
 from swaserve.checkpoint.weights import load_q8_weights
 from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
+from swaserve.distributed.group import TPGroup
 from swaserve.engine.runner import build_model
 from swaserve.kernels import q8
 from swaserve.memory.layout import CacheLayout
@@ -30,7 +31,10 @@ class LoadedModel:
     model: torch.nn.Module
 
 
-def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+               tp: TPGroup | None = None) -> LoadedModel:
+    """The model (one rank's shard of it under `tp`), its config (the whole model's: the
+    shard's shapes are `model.cfg`), tokenizer and context length."""
     source = resolve_model(config.model)
     cfg = source.model_config()
     model_class(cfg.architecture)  # unsupported architectures fail before any loading
@@ -40,15 +44,15 @@ def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device) -
                          f"length {cfg.max_position_embeddings}")
     tokenizer = load_tokenizer(source)
     try:
-        model = build_model(source, cfg, dtype, device)
+        model = build_model(source, cfg, dtype, device, tp)
     except ModelLoadError:
         raise
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelLoadError(f"{source.path}: cannot load weights: {e}") from e
     if (config.int8_weights and dtype != torch.float32 and device.type == "cpu"
-            and not config.batch_invariant and q8.available()):
+            and not config.batch_invariant and q8.available() and tp is None):
         # float32 stays the plain reference path; batch-invariant mode needs one kernel
-        # for every row count
+        # for every row count; the int8 copies are of whole weights, not a rank's slices
         fast = {name: w.for_activations(dtype)
                 for name, w in load_q8_weights(source, cfg.num_layers).items()}
         model.use_q8({name: w for name, w in fast.items() if w is not None})

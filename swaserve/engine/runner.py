@@ -16,6 +16,8 @@ import torch
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
+from swaserve.distributed.group import TPGroup
+from swaserve.distributed.shard import local_config, shard_weights
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.kv_cache import KVCache
@@ -36,11 +38,12 @@ INVARIANT_MIN_KEYS = 512
 
 
 def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
-                device: torch.device) -> torch.nn.Module:
-    """Build on the meta device, then fill the parameters from the checkpoint."""
+                device: torch.device, tp: TPGroup | None = None) -> torch.nn.Module:
+    """Build on the meta device, then fill the parameters from the checkpoint; under tensor
+    parallelism at this rank's shapes, from this rank's slices (distributed/shard.py)."""
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
-        model = cls(cfg)
+        model = cls(cfg if tp is None else local_config(cfg, tp.size))
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             if not name.endswith("norm"):  # norm multipliers stay float32
@@ -49,7 +52,12 @@ def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
             else:
                 p.requires_grad_(False)
     model.to_empty(device=device)
-    model.load_weights(iter_weights(source, dtype))
+    weights = iter_weights(source, dtype)
+    if tp is not None:
+        weights = shard_weights(cls.dense_weights(weights), cfg, tp.rank, tp.size)
+    model.load_weights(weights)
+    if tp is not None:
+        model.set_tensor_parallel(tp)
     return model.eval()
 
 
@@ -66,8 +74,9 @@ class PreparedBatch:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: KVCache,
-                 device: torch.device, batch_invariant: bool = False):
+                 device: torch.device, batch_invariant: bool = False, tp=None):
         self.model = model
+        self.tp = tp  # distributed.workers.TensorParallel: the other ranks run each forward too
         self.batch_invariant = batch_invariant
         self.cfg = cfg
         self.cache = cache
@@ -247,4 +256,6 @@ class ModelRunner:
         if prepared.fill is not None:
             dst, src = prepared.fill
             prepared.ctx.input_ids[dst] = prev_tokens[src]
+        if self.tp is not None:
+            self.tp.step(prepared.ctx, self.cache.take_copies())
         return self.model(prepared.ctx)

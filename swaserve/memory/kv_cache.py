@@ -50,6 +50,9 @@ class KVCache:
                     self.full.allocator if self.full is not None else None, self.window_pages)
         self.row_pages: dict[int, list[int]] = {}
         self.row_window_pages: dict[int, list[int | None]] = {}
+        # tensor parallelism: the KV copies made outside a forward (forks, prefix hits), in
+        # order, for the other ranks to replay on their shards before the next forward
+        self.copy_log: list[tuple[str, torch.Tensor, str, torch.Tensor]] | None = None
 
     # -- rows ----------------------------------------------------------------------------
     def alloc_row(self) -> int | None:
@@ -189,8 +192,9 @@ class KVCache:
                     self.free_row(row)
                     return None
                 old = self.row_pages[src][whole]
-                for buf in self.full.k + self.full.v:
-                    buf[new[0] * p:new[0] * p + partial] = buf[old * p:old * p + partial]
+                self.copy_kv("full", torch.arange(new[0] * p, new[0] * p + partial,
+                                                  device=self.device),
+                             "full", torch.arange(old * p, old * p + partial, device=self.device))
                 pages += new
             self.full.allocator.incref(shared)
             self.row_pages[row] = pages
@@ -204,6 +208,11 @@ class KVCache:
             self.row_window_pages[row] = list(shared_w)
         if self.window is not None:
             self.window.copy_row(src, row)
+            if self.copy_log is not None:
+                ring = self.window.ring
+                self.copy_log.append(
+                    ("ring", torch.arange(row * ring, (row + 1) * ring, device=self.device),
+                     "ring", torch.arange(src * ring, (src + 1) * ring, device=self.device)))
         return row
 
     def match_prefix(self, tokens: list[int]) -> Match | None:
@@ -232,11 +241,34 @@ class KVCache:
                               dtype=torch.int64)
             src = (wp * p + pos % p).to(self.window.positions.device)
             dst = (row * ring + pos % ring).to(self.window.positions.device)
-            for d in range(len(self.window.k)):
-                self.window.k[d][dst] = self.window_pages.k[d][src]
-                self.window.v[d][dst] = self.window_pages.v[d][src]
+            self.copy_kv("ring", dst, "window_pages", src)
             self.window.positions[dst] = pos.to(self.window.positions.device)
         self.prefix.hit_tokens += m.num_tokens
+
+    def copy_kv(self, dst_pool: str, dst: torch.Tensor, src_pool: str, src: torch.Tensor,
+                log: bool = True) -> None:
+        """KV at slots `src` of one pool ("full", "ring", "window_pages") into slots `dst`
+        of another, in every layer of their kind (logged when copy_log is on)."""
+        for d, s in zip(self._kv_buffers(dst_pool), self._kv_buffers(src_pool)):
+            d[dst] = s[src]
+        if log and self.copy_log is not None:
+            self.copy_log.append((dst_pool, dst, src_pool, src))
+
+    def replay_copies(self, copies: list[tuple[str, torch.Tensor, str, torch.Tensor]]) -> None:
+        """Another rank's copy_log, on this rank's shard of the same pools."""
+        for dst_pool, dst, src_pool, src in copies:
+            self.copy_kv(dst_pool, dst, src_pool, src, log=False)
+
+    def take_copies(self) -> list[tuple[str, torch.Tensor, str, torch.Tensor]]:
+        """The copies logged since the last call (the log starts over)."""
+        out = self.copy_log or []
+        if self.copy_log is not None:
+            self.copy_log = []
+        return out
+
+    def _kv_buffers(self, pool: str) -> list[torch.Tensor]:
+        p = {"full": self.full, "ring": self.window, "window_pages": self.window_pages}[pool]
+        return p.k + p.v
 
     def cache_tokens(self, row: int, tokens: list[int]):
         """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree."""

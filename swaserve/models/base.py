@@ -30,7 +30,12 @@ LOGITS_MIN_ROWS = 32  # the reused logits buffer holds at least this many rows
 
 class DecoderLayerBase(nn.Module):
     """What every decoder layer has: its index and kind, the attention shapes, merged q/k/v
-    and output projections (`qkv`, `o`), and the RMSNorm epsilon."""
+    and output projections (`qkv`, `o`), and the RMSNorm epsilon. Under tensor parallelism
+    (`tp`, set by CausalLM.set_tensor_parallel) its shapes are one rank's and the products
+    named in TP_REDUCE (row parallel: a partial sum on each rank) are all-reduced."""
+
+    TP_REDUCE: tuple[str, ...] = ("o", "down")
+    tp = None  # the TPGroup, when the layer is one rank's shard
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
@@ -64,7 +69,10 @@ class DecoderLayerBase(nn.Module):
     def project(self, x: torch.Tensor, name: str, ctx: ForwardContext) -> torch.Tensor:
         """x @ self.<name>.T (`linear`), through the weight's int8 copy where it has one, as
         the step says (ctx.row_block, ctx.q8_kernel)."""
-        return linear(x, getattr(self, name), ctx.row_block, self.q8.get(name), ctx.q8_kernel)
+        out = linear(x, getattr(self, name), ctx.row_block, self.q8.get(name), ctx.q8_kernel)
+        if self.tp is not None and name in self.TP_REDUCE:
+            self.tp.all_reduce(out)
+        return out
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, (H + 2 KVH) * D] -> q [T, H, D], k and v [T, KVH, D]."""
@@ -89,6 +97,7 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(self.layer(cfg, i) for i in range(cfg.num_layers))
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.tp = None  # the TPGroup when this is one rank's shard (set_tensor_parallel)
         # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
         # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
@@ -106,6 +115,23 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Fill the parameters from HF-named checkpoint tensors."""
         load_by_map(self, weights, self.weights, self.layers)
+
+    @staticmethod
+    def dense_weights(weights: Iterable[tuple[str, torch.Tensor]]
+                      ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors as plain dense ones (a family with packed formats
+        unpacks them here), for slicing by name (distributed/shard.py)."""
+        return weights
+
+    def set_tensor_parallel(self, group) -> None:
+        """Make this model (built at one rank's shapes, distributed/shard.py) rank
+        `group.rank`'s shard: embedding lookups and row-parallel products are summed over
+        the group, the LM head's logits gathered on rank 0. The fused C decode step reads
+        whole layers: it is off."""
+        self.tp = group
+        self.fused_decode = False
+        for layer in self.layers:
+            layer.tp = group
 
     def use_q8(self, q8: dict[str, Q8Weight]) -> None:
         """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
@@ -168,7 +194,7 @@ class CausalLM(nn.Module):
         From the int8 LM head they are float32 in a buffer that the next forward reuses:
         32 x 262,144 floats are above glibc's largest mmap threshold (32 MB), so a fresh
         tensor each step came as new pages, ~8 ms of page faults a batch-32 step."""
-        x = F.embedding(ctx.input_ids, self.embed)
+        x = self._embed(ctx.input_ids)
         if self.scale_embeddings:
             x = x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
         rope = {}
@@ -186,9 +212,19 @@ class CausalLM(nn.Module):
         return self._head(rms_norm(x[ctx.logits_indices], self.final_norm,
                                    self.cfg.rms_norm_eps), ctx)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(ids, self.embed)
+        rows = self.embed.shape[0]  # this rank's vocabulary shard
+        local = ids - self.tp.rank * rows
+        outside = (local < 0) | (local >= rows)
+        x = F.embedding(local.masked_fill(outside, 0), self.embed)
+        return self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
+
     @timed("lm head")
-    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Logits of final-normed hidden rows (soft-capped where the family caps them)."""
+    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | None:
+        """Logits of final-normed hidden rows (soft-capped where the family caps them);
+        under tensor parallelism rank 0 gets all of them and the other ranks None."""
         logits = None
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
             logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
@@ -199,7 +235,7 @@ class CausalLM(nn.Module):
         if self.cfg.final_logit_softcapping:
             cap = self.cfg.final_logit_softcapping
             logits = torch.tanh(logits.float() / cap) * cap
-        return logits
+        return logits if self.tp is None else self.tp.gather_logits(logits)
 
     @timed("prompt scoring")
     def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:
@@ -213,7 +249,10 @@ class CausalLM(nn.Module):
         for a in range(0, rows, SCORE_ROWS):
             b = min(rows, a + SCORE_ROWS)
             h = rms_norm(x[score.indices[a:b]], self.final_norm, self.cfg.rms_norm_eps)
-            lp = torch.log_softmax(self._head(h, ctx).float(), dim=-1)
+            logits = self._head(h, ctx)
+            if logits is None:  # a tensor-parallel rank past 0: rank 0 scores
+                continue
+            lp = torch.log_softmax(logits.float(), dim=-1)
             score.logprobs[a:b] = lp.gather(1, score.targets[a:b, None])[:, 0]
             if score.top_n:
                 score.top_logprobs[a:b], score.top_ids[a:b] = lp.topk(score.top_n, dim=-1)

@@ -52,6 +52,8 @@ def _with_mxfp4(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
 
 
 class GptOssLayer(DecoderLayerBase):
+    TP_REDUCE = ("o",)  # the experts' sum is reduced once, at the end of `moe`
+
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
         raw = cfg.raw
@@ -85,7 +87,7 @@ class GptOssLayer(DecoderLayerBase):
             y = (_matmul((up + 1) * gate * torch.sigmoid(gate * self.alpha), self.down[e],
                          row_block) + self.down_bias[e])
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(x.dtype))
-        return out
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext, attn: AttentionBackend, scale: float) -> torch.Tensor:
@@ -117,3 +119,8 @@ class GptOssForCausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_with_mxfp4(weights))
+
+    @staticmethod
+    def dense_weights(weights: Iterable[tuple[str, torch.Tensor]]
+                      ) -> Iterable[tuple[str, torch.Tensor]]:
+        return _with_mxfp4(weights)

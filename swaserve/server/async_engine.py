@@ -172,6 +172,7 @@ class AsyncEngine:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._inbox.put(("stop",))
         self._thread.join(timeout)
+        self.engine.close()
 
     # -- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:

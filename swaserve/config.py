@@ -112,6 +112,14 @@ class EngineConfig:
         "help": "shard the model over this many processes (torch.distributed: gloo on a "
                 "CPU, NCCL on GPUs); rank 0 schedules, samples and serves. On one machine "
                 "the other ranks are spawned; MASTER_ADDR / MASTER_PORT set the rendezvous"})
+    nnodes: int = field(default=1, metadata={
+        "help": "machines the tensor-parallel ranks span (tensor_parallel_size / nnodes each)"})
+    node_rank: int = field(default=0, metadata={
+        "help": "this machine's place among them; 0 serves, the others only compute"})
+    master_addr: str | None = field(default=None, metadata={
+        "help": "the rendezvous host (node 0; default MASTER_ADDR or this machine)"})
+    master_port: int | None = field(default=None, metadata={
+        "help": "the rendezvous port (default MASTER_PORT, or a free one on one machine)"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     adaptive_threads: bool = field(default=True, metadata={
@@ -125,7 +133,7 @@ class EngineConfig:
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
         for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",
-                     "speculative_max_rows", "tensor_parallel_size"):
+                     "speculative_max_rows", "tensor_parallel_size", "nnodes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
@@ -133,6 +141,11 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"nnodes: {self.nnodes} machines cannot hold "
+                             f"{self.tensor_parallel_size} ranks evenly")
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank: must be in [0, {self.nnodes}), got {self.node_rank!r}")
         if self.tensor_parallel_size > 1:
             for name, on in (("speculative", self.speculative is not None),
                              ("overlap", self.overlap is True),

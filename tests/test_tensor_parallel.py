@@ -205,3 +205,32 @@ def test_the_server_serves_at_two_ranks_and_exits_when_one_dies(tiny_with_tokeni
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_ranks_on_two_machines_meet_at_the_rendezvous(tiny_with_tokenizer):
+    """Two `swaserve serve` commands, as two machines would run them (--nnodes 2, one rank
+    each, one rendezvous): node 0 serves, node 1 computes, and both end on node 0's
+    SIGTERM."""
+    import subprocess
+    import sys
+
+    import httpx
+    from conftest import free_port, start_server, stop_server
+
+    port = free_port()
+    common = ["--model", tiny_with_tokenizer, "--dtype", "float32", "--kv-memory", "64MiB",
+              "--max-model-len", "512", "--tensor-parallel-size", "2", "--nnodes", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    node1 = subprocess.Popen([sys.executable, "-m", "swaserve", "serve", *common,
+                              "--node-rank", "1"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        base, node0 = start_server(*common, "--node-rank", "0", timeout=120)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 4},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        stop_server(node0)
+        assert node1.wait(timeout=60) == 0, node1.stdout.read()
+    finally:
+        if node1.poll() is None:
+            node1.kill()

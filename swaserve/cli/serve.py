@@ -109,15 +109,21 @@ def run(args: argparse.Namespace) -> int:
     options = server_options(args)
     if args.data_parallel_size < 1:
         raise ValueError(f"data_parallel_size: must be >= 1, got {args.data_parallel_size}")
+    config = engine_config(args)
+    if config.tensor_parallel_size > 1:
+        from swaserve.distributed.workers import config_placement, run_compute_node
+
+        if config_placement(config).rank != 0:  # another machine's ranks: compute only
+            return run_compute_node(config)
     if args.data_parallel_size > 1 or args.ray_address is not None:
         from swaserve.ray.launch import serve_on_ray
 
-        return serve_on_ray(engine_config(args), options, host=args.host, port=args.port,
+        return serve_on_ray(config, options, host=args.host, port=args.port,
                             num_replicas=args.data_parallel_size, address=args.ray_address,
                             routing=args.routing, replica_cpus=args.replica_cpus)
     from swaserve.server.build import build_server
 
-    server = build_server(engine_config(args), options)
+    server = build_server(config, options)
     aengine, app, name = server.aengine, server.app, server.model_name
     exit_code = 0
 

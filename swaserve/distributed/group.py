@@ -99,8 +99,38 @@ def vocab_shard(vocab_size: int, size: int) -> int:
     return -(-vocab_size // size)
 
 
-def default_address() -> tuple[str, int]:
-    """The rendezvous: MASTER_ADDR / MASTER_PORT as torchrun sets them, else this machine
-    and a free port."""
-    return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT")
-                                                           or free_port())
+@dataclass(frozen=True)
+class Placement:
+    """Where a group's ranks run, as seen by this process: its rank, the ranks it starts
+    (rank 0 starts the rest of the first machine's; another machine's first process starts
+    the rest of that machine's) and the rendezvous."""
+
+    size: int
+    rank: int
+    spawn: tuple[int, ...]
+    address: str
+    port: int
+
+
+def placement(size: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+              master_port: int | None = None) -> Placement:
+    """torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: one process a rank,
+    nothing to start) when they are set, else `size` ranks over `nnodes` machines of
+    size / nnodes ranks each; one machine picks a free port."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        if int(env["WORLD_SIZE"]) != size:
+            raise ValueError(f"tensor_parallel_size: {size}, but torchrun started "
+                             f"WORLD_SIZE={env['WORLD_SIZE']} processes")
+        return Placement(size, int(env["RANK"]), (), env.get("MASTER_ADDR", "127.0.0.1"),
+                         int(env.get("MASTER_PORT", "29500")))
+    address = master_addr or env.get("MASTER_ADDR", "127.0.0.1")
+    port = master_port or int(env.get("MASTER_PORT") or 0)
+    if not port:
+        if nnodes > 1:
+            raise ValueError("master_port: ranks on several machines need one rendezvous "
+                             "port (--master-port or MASTER_PORT)")
+        port = free_port()
+    per_node = size // nnodes
+    first = node_rank * per_node
+    return Placement(size, first, tuple(range(first + 1, first + per_node)), address, port)

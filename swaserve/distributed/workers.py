@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from swaserve.config import EngineConfig
-from swaserve.distributed.group import TPGroup, default_address
+from swaserve.distributed.group import Placement, TPGroup, placement
 from swaserve.models.context import ForwardContext
 
 log = logging.getLogger("swaserve")
@@ -53,14 +53,14 @@ class TensorParallel:
 
     def __init__(self, config: EngineConfig, vocab_size: int):
         self.size = config.tensor_parallel_size
-        address, port = default_address()
-        # a fresh interpreter each (`python -m`), not multiprocessing's spawn, which would
-        # re-run the user's script in every worker unless it guards its main
-        spec = json.dumps(dataclasses.asdict(config))
-        self.procs = [subprocess.Popen([sys.executable, "-m", "swaserve.distributed.workers",
-                                        str(r), str(self.size), address, str(port), spec])
-                      for r in range(1, self.size)]
-        self.group = TPGroup.join(0, self.size, address, port, vocab_size, backend(config))
+        where = config_placement(config)
+        if where.rank != 0:
+            raise ValueError(f"node_rank: this process is rank {where.rank}: only rank 0 runs "
+                             f"the engine (the others run `swaserve serve` with the same "
+                             f"flags, which only computes there)")
+        self.procs = start_ranks(config, where)
+        self.group = TPGroup.join(0, self.size, where.address, where.port, vocab_size,
+                                  backend(config))
         self.on_broken: list[Callable[[str], None]] = []
         self._closed = False
         threading.Thread(target=self._watch, name="swaserve-tp-watch", daemon=True).start()
@@ -100,6 +100,37 @@ class TensorParallel:
                         fn(why)
                     return
             time.sleep(_WATCH_S)
+
+
+def config_placement(config: EngineConfig) -> Placement:
+    return placement(config.tensor_parallel_size, config.nnodes, config.node_rank,
+                     config.master_addr, config.master_port)
+
+
+def start_ranks(config: EngineConfig, where: Placement) -> list[subprocess.Popen]:
+    """The ranks this process starts, each a fresh interpreter (`python -m`), not
+    multiprocessing's spawn, which would re-run the user's script in every worker unless
+    it guards its main."""
+    spec = json.dumps(dataclasses.asdict(config))
+    return [subprocess.Popen([sys.executable, "-m", "swaserve.distributed.workers", str(r),
+                              str(where.size), where.address, str(where.port), spec])
+            for r in where.spawn]
+
+
+def run_compute_node(config: EngineConfig) -> int:
+    """A machine (or torchrun process) past rank 0: its ranks compute until rank 0 stops
+    them; the exit status is non-zero if any of them failed."""
+    where = config_placement(config)
+    procs = start_ranks(config, where)
+    code = 0
+    try:
+        worker_main(where.rank, where.size, config, where.address, where.port)
+    except Exception as e:  # noqa: BLE001 - reported as the exit status, after the others
+        log.error("tensor-parallel rank %d failed: %s", where.rank, e)
+        code = 1
+    for p in procs:
+        code = max(code, p.wait())
+    return code
 
 
 def worker_main(rank: int, size: int, config: EngineConfig, address: str, port: int) -> None:

@@ -234,3 +234,21 @@ def test_ranks_on_two_machines_meet_at_the_rendezvous(tiny_with_tokenizer):
     finally:
         if node1.poll() is None:
             node1.kill()
+
+
+def test_the_offline_api_with_grammars_and_sampling_at_two_ranks(tiny_with_tokenizer):
+    from swaserve import LLM
+
+    params = [SamplingParams(temperature=0, max_tokens=6, regex="[ab]{2,6}"),
+              SamplingParams(temperature=0.9, top_p=0.8, top_k=20, seed=3, max_tokens=8,
+                             presence_penalty=0.5, logprobs=2)]
+    want = LLM(model=tiny_with_tokenizer, dtype="float32").generate(["hello", "x y"], params)
+    llm = LLM(model=tiny_with_tokenizer, dtype="float32", tensor_parallel_size=2)
+    try:
+        got = llm.generate(["hello", "x y"], params)
+    finally:
+        llm.engine.close()
+    for a, b in zip(got, want):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].text == b.outputs[0].text
+    assert set(got[0].outputs[0].text) <= {"a", "b"}

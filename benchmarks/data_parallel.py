@@ -35,6 +35,7 @@ import tempfile
 import time
 
 import httpx
+from serving import percentile  # benchmarks/serving.py, beside this script
 
 WORDS = ("river stone cloud paper garden window music field light harbor forest engine "
          "letter market bridge winter silver yellow morning quiet bottle candle orange "
@@ -43,15 +44,6 @@ WORDS = ("river stone cloud paper garden window music field light harbor forest 
 
 def words(rnd: random.Random, n: int) -> str:
     return " ".join(rnd.choice(WORDS) for _ in range(n))
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 class Server:

@@ -55,6 +55,25 @@ def _run(eng, prompts, params):
     return [r.output_token_ids for r in reqs], [logs[r.request_id] for r in reqs]
 
 
+def _same_run(one, two, prompts, params):
+    """Both engines give the same tokens and, row for row, the same logits (1e-5)."""
+    t1, l1 = _run(one, prompts, params)
+    t2, l2 = _run(two, prompts, params)
+    assert t1 == t2
+    for a, b in zip(l1, l2):
+        assert [p for p, _ in a] == [p for p, _ in b]
+        for (_, x), (_, y) in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def _same_as_one_rank(path, prompts, params):
+    one, two = _engine(path, 1), _engine(path, 2)
+    try:
+        _same_run(one, two, prompts, params)
+    finally:
+        two.close()
+
+
 @pytest.fixture(scope="module")
 def one_4kv(gemma_4kv):
     return _engine(gemma_4kv, 1)
@@ -73,15 +92,8 @@ def test_two_ranks_give_one_ranks_logits_and_tokens(pair_4kv):
     one, two = pair_4kv
     prompts = [random_prompt(3 * W + 5, seed=1), random_prompt(5, seed=2),
                random_prompt(W + 1, seed=3)]
-    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    t1, l1 = _run(one, prompts, greedy)
-    t2, l2 = _run(two, prompts, greedy)
-    assert t1 == t2
-    for a, b in zip(l1, l2):
-        assert [p for p, _ in a] == [p for p, _ in b]
-        for (_, x), (_, y) in zip(a, b):
-            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
-    assert two.cache.is_fully_free() or two.prefix_cache
+    _same_run(one, two, prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    assert two.model.layers[0].num_heads == 2 and two.model.embed.shape[0] == 64
 
 
 def test_a_prefix_hit_and_forks_replay_on_every_rank(pair_4kv):
@@ -90,27 +102,15 @@ def test_a_prefix_hit_and_forks_replay_on_every_rank(pair_4kv):
     params = SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=12, ignore_eos=True)
     for eng in (one, two):  # the first run caches the prompt's pages
         _run(eng, [base + [3]], params)
-    t1, l1 = _run(one, [base + [4, 5]], params)
-    t2, l2 = _run(two, [base + [4, 5]], params)
-    assert two.cache.prefix.hit_tokens > 0
-    assert t1 == t2
-    for a, b in zip(l1, l2):
-        for (_, x), (_, y) in zip(a, b):
-            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    hits = two.cache.prefix.hit_tokens
+    _same_run(one, two, [base + [4, 5]], params)
+    assert two.cache.prefix.hit_tokens > hits
 
 
 def test_one_kv_head_is_replicated(gemma_1kv):
     assert local_config(_cfg(gemma_1kv), 2).num_kv_heads == 1
-    one, two = _engine(gemma_1kv, 1), _engine(gemma_1kv, 2)
-    try:
-        prompts = [random_prompt(2 * W + 3, seed=4), random_prompt(9, seed=5)]
-        greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        t1, l1 = _run(one, prompts, greedy)
-        t2, l2 = _run(two, prompts, greedy)
-        assert t1 == t2
-        torch.testing.assert_close(l1[0][-1][1], l2[0][-1][1], atol=1e-5, rtol=1e-5)
-    finally:
-        two.close()
+    _same_as_one_rank(gemma_1kv, [random_prompt(2 * W + 3, seed=4), random_prompt(9, seed=5)],
+                      SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
 
 
 def _cfg(path):
@@ -149,19 +149,9 @@ def test_a_dead_rank_breaks_the_engine_instead_of_hanging(gemma_4kv):
 
 @pytest.mark.parametrize("family", ["llama", "gpt_oss"])
 def test_other_families_split_the_same_way(family, request):
-    path = request.getfixturevalue(family)[0]
-    one, two = _engine(path, 1), _engine(path, 2)
-    try:
-        prompts = [random_prompt(3 * W + 2, seed=6), random_prompt(7, seed=8)]
-        greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        t1, l1 = _run(one, prompts, greedy)
-        t2, l2 = _run(two, prompts, greedy)
-        assert t1 == t2
-        for a, b in zip(l1, l2):
-            for (_, x), (_, y) in zip(a, b):
-                torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
-    finally:
-        two.close()
+    _same_as_one_rank(request.getfixturevalue(family)[0],
+                      [random_prompt(3 * W + 2, seed=6), random_prompt(7, seed=8)],
+                      SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
 
 
 def _children(pid: int, marker: str) -> list[int]:

@@ -45,6 +45,7 @@ from swaserve import profile
 from swaserve.checkpoint.source import resolve_model
 from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
+from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.loading import load_model, plan_kv
@@ -124,9 +125,13 @@ class Engine:
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
         # tensor parallelism: this process is rank 0 and holds one shard of everything
-        self.tp = (TensorParallel(config, resolve_model(config.model).model_config().vocab_size)
-                   if config.tensor_parallel_size > 1 else None)
-        loaded = load_model(config, self.dtype, self.device, self.tp and self.tp.group)
+        self.tp = None
+        if config.tensor_parallel_size > 1:
+            whole = resolve_model(config.model).model_config()
+            local_config(whole, config.tensor_parallel_size)  # fails before any rank starts
+            self.tp = TensorParallel(config, whole.vocab_size)
+        loaded = load_model(config, self.dtype, self.device,
+                            self.tp.group if self.tp is not None else None)
         self.source, self.model_config, self.tokenizer = loaded.source, loaded.config, loaded.tokenizer
         self.model, self.max_model_len = loaded.model, loaded.max_model_len
         cfg = self.model_config

@@ -57,7 +57,6 @@ def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
     else:
         model.load_weights(sharded_weights(source, dtype, cfg, tp.rank, tp.size,
                                            cls.dense_weights))
-    if tp is not None:
         model.set_tensor_parallel(tp)
     return model.eval()
 

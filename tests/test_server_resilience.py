@@ -272,16 +272,21 @@ def test_sigterm_ends_every_stream_with_a_final_event(tiny_long_context):
                               "--shutdown-timeout", "1", "--max-model-len", "16384")
     results: list = []
 
+    started = [threading.Event() for _ in range(4)]
+
     def stream(i: int):
         body = {"prompt": f"s{i}", "max_tokens": 30 if i == 0 else 16000, "stream": True,
                 "ignore_eos": True}
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            started[i].set()  # its first event is on the way: it runs in the engine
             results.append(sse_events(r.iter_lines()))
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    for e in started:  # a fixed sleep let a slow machine signal before a stream began
+        assert e.wait(30)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(60)

@@ -242,3 +242,22 @@ def test_the_offline_api_with_grammars_and_sampling_at_two_ranks(tiny_with_token
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].text == b.outputs[0].text
     assert set(got[0].outputs[0].text) <= {"a", "b"}
+
+
+def test_a_forward_that_raises_on_rank_0_breaks_the_group(gemma_4kv, monkeypatch):
+    """A step failure is recoverable at tp = 1; at tp = 2 the other rank is already inside
+    the step's collectives, so the group must stop rather than fall out of step."""
+    eng = _engine(gemma_4kv, 2)
+    try:
+        eng.add_request(random_prompt(12, seed=2), SamplingParams(temperature=0, max_tokens=8))
+        eng.step()
+
+        def boom(*a, **kw):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(eng.model.layers[0], "forward", boom)
+        with pytest.raises(GroupBroken, match="injected"):
+            eng.step()
+        assert "injected" in eng.tp.group.broken
+    finally:
+        eng.close()

@@ -16,7 +16,7 @@ import torch
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
-from swaserve.distributed.group import TPGroup
+from swaserve.distributed.group import GroupBroken, TPGroup
 from swaserve.distributed.shard import local_config, sharded_weights
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
@@ -256,6 +256,14 @@ class ModelRunner:
         if prepared.fill is not None:
             dst, src = prepared.fill
             prepared.ctx.input_ids[dst] = prev_tokens[src]
-        if self.tp is not None:
-            self.tp.step(prepared.ctx, self.cache.take_copies())
-        return self.model(prepared.ctx)
+        if self.tp is None:
+            return self.model(prepared.ctx)
+        self.tp.step(prepared.ctx, self.cache.take_copies())
+        try:
+            return self.model(prepared.ctx)
+        except GroupBroken:
+            raise
+        except Exception as e:  # the other ranks are inside this forward's collectives:
+            # failing only this step would leave them one collective out of step for good
+            self.tp.group.broken = f"rank 0's forward raised {type(e).__name__}: {e}"
+            raise GroupBroken(self.tp.group.broken) from e

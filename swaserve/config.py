@@ -62,7 +62,7 @@ class EngineConfig:
     model: str | None = field(default=None, metadata={
         "help": "GGUF file or HF-style directory (config.json + safetensors); default: the bundled Gemma 3 270M"})
     dtype: str = field(default="bfloat16", metadata={"help": "compute and KV dtype"})
-    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda or mlx (Apple silicon; mlx[cpu] on Linux)"})
     max_running_requests: int | None = field(default=None, metadata={
         "help": "request rows (each prepays its sliding-window rings); default: derived from the budget"})
     max_model_len: int | None = field(default=None, metadata={
@@ -128,8 +128,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"device: expected 'cpu' or 'cuda', got {self.device!r}")
+        if self.device not in ("cpu", "cuda", "mlx") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device: expected 'cpu', 'cuda' or 'mlx', got {self.device!r}")
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
         for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",

@@ -121,7 +121,13 @@ class Engine:
         torch.set_num_threads(threads)
         if str(config.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device: cuda was asked for but torch sees no CUDA device")
-        self.device = torch.device(config.device)
+        # device "mlx": the forward and the KV data in MLX (swaserve/mlx/); the index
+        # tables, the sampler's inputs and everything that decides stay torch on the CPU
+        self.mlx = config.device == "mlx"
+        if self.mlx:
+            _check_mlx(config)
+            config = dataclasses.replace(config, int8_weights=False)
+        self.device = torch.device("cpu" if self.mlx else config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
         # tensor parallelism: this process is rank 0 and holds one shard of everything
@@ -142,7 +148,12 @@ class Engine:
                             self.prefix_cache)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
-                             prefix_cache=self.prefix_cache)
+                             prefix_cache=self.prefix_cache,
+                             kv_device="meta" if self.mlx else None)
+        if self.mlx:
+            from swaserve.mlx.cache import MLXKV
+            from swaserve.mlx.model import MLXCausalLM
+            self.model = MLXCausalLM(self.model, MLXKV(self.cache, self.dtype))
         if self.tp is not None:
             self.cache.copy_log = []
             self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)
@@ -608,6 +619,17 @@ class Engine:
         self.cache.check_integrity()
         for r in self.requests.values():
             r.check()
+
+
+def _check_mlx(config: EngineConfig) -> None:
+    """What the MLX backend does not run yet fails here, before any loading."""
+    from swaserve.mlx import require
+    require()
+    for name, on in (("tensor_parallel_size > 1", config.tensor_parallel_size > 1),
+                     ("speculative", config.speculative is not None),
+                     ("batch_invariant", config.batch_invariant)):
+        if on:
+            raise ValueError(f"device: mlx does not support {name} yet")
 
 
 def _run_now(compute):

@@ -23,7 +23,12 @@ from swaserve.memory.window_pool import EMPTY, WindowPool
 
 class KVCache:
     def __init__(self, layout: CacheLayout, plan: MemoryPlan, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False):
+                 dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False,
+                 kv_device: torch.device | str | None = None):
+        """`kv_device`: where the K/V data lives, when not beside the index tables on
+        `device`; "meta" when another array backend holds it (swaserve/mlx/cache.py): the
+        pools then keep their shapes and byte counts, and `copy_log` their data moves."""
+        kv_device = kv_device or device
         self.layout = layout
         self.plan = plan
         self.page_size = plan.page_size
@@ -33,16 +38,16 @@ class KVCache:
         self.full: FullKVPool | None = None
         self.window: WindowPool | None = None
         if layout.full_layers:
-            self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, dtype, device)
+            self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, dtype, kv_device)
         if layout.sliding_layers:
-            self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device)
+            self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
         if prefix_cache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
-                                                   dtype, device)
+                                                   dtype, kv_device)
             if not layout.sliding_layers or self.window_pages is not None:
                 self.prefix = PrefixCache(
                     plan.page_size, layout.max_window, self.full is not None,

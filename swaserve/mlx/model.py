@@ -1,0 +1,205 @@
+"""The network in MLX: a CausalLM's weights (loaded, merged and folded by the torch
+loader, models/) converted once to MLX arrays, and a forward over the same
+ForwardContext the runner builds for torch, reading and writing the KV arrays of
+`MLXKV`. Families: Gemma 3, Llama-style (Llama, Mistral, Qwen2/3) and gpt-oss (sinks,
+MoE). Attention is `mx.fast.scaled_dot_product_attention` per group, with the window as
+an explicit mask built from ring positions (models/context.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from swaserve.memory.layout import LayerKind
+from swaserve.mlx import require
+from swaserve.mlx.cache import MLXKV, to_mx, to_torch
+from swaserve.models.base import CausalLM
+from swaserve.models.context import ForwardContext
+from swaserve.models.gemma3 import Gemma3Layer
+from swaserve.models.gpt_oss import GptOssLayer
+from swaserve.models.layers import rope_cos_sin
+from swaserve.models.llama import DecoderLayer
+
+
+def _family(layer) -> str:
+    for cls, name in ((Gemma3Layer, "gemma3"), (GptOssLayer, "gpt_oss"), (DecoderLayer, "llama")):
+        if isinstance(layer, cls):
+            return name
+    raise ValueError(f"device: mlx does not run {type(layer).__name__} layers")
+
+
+class MLXCausalLM:
+    """Called like the torch model: `model(ctx)` -> float32 logits [S, V] (a torch tensor:
+    the step's one `mx.eval` evaluates them with the KV arrays they wrote)."""
+
+    def __init__(self, model: CausalLM, kv: MLXKV):
+        self.mx = mx = require()
+        self.cfg, self.kv = model.cfg, kv
+        self.family = _family(model.layers[0])
+        self.dtype = to_mx(model.embed[:1]).dtype
+        self.embed = to_mx(model.embed)
+        self.head = self.embed if model.lm_head is None else to_mx(model.lm_head)
+        self.final_norm = to_mx(model.final_norm)
+        self.layers = [{name: to_mx(p) for name, p in layer.named_parameters(recurse=False)
+                        if p is not None} for layer in model.layers]
+        self.meta = [(layer.sliding, layer.num_heads, layer.num_kv_heads, layer.head_dim)
+                     for layer in model.layers]
+        self.moe = ([(layer.top_k, layer.alpha, layer.limit) for layer in model.layers]
+                    if self.family == "gpt_oss" else None)
+        self.rope = model.rope
+        self.scale = model.scale
+        self.scale_embeddings = model.scale_embeddings
+        self.layout = kv.cache.layout
+        self.dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
+        self.attn = None  # the runner sets its torch attention here; unused
+        mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
+
+    def same_numerics_rows(self, m: int) -> int:
+        return 1 << 62  # one kernel for every row count: drafts never change a row's numbers
+
+    fused_decode_steps = None
+
+    # -- building blocks -------------------------------------------------------------------
+    def _norm(self, x, w):
+        mx = self.mx
+        xf = x.astype(mx.float32)
+        y = xf * mx.rsqrt(mx.mean(xf * xf, axis=-1, keepdims=True) + self.cfg.rms_norm_eps)
+        return (y * w).astype(x.dtype)
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        mx = require()
+        half = x.shape[-1] // 2
+        rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+    def _heads(self, qkv, meta, rope, p):
+        _, h, kvh, d = meta
+        t = qkv.shape[0]
+        q = qkv[:, :h * d].reshape(t, h, d)
+        k = qkv[:, h * d:(h + kvh) * d].reshape(t, kvh, d)
+        v = qkv[:, (h + kvh) * d:].reshape(t, kvh, d)
+        if "q_norm" in p:
+            q, k = self._norm(q, p["q_norm"]), self._norm(k, p["k_norm"])
+        cos, sin = rope
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    def _attend(self, i: int, q, k, v, ctx: ForwardContext, sinks=None):
+        """Write the step's K/V into layer i's pool, then attend group by group."""
+        mx = self.mx
+        full = self.layout.layers[i].kind is LayerKind.FULL
+        name, slots = ("full", ctx.full_slots) if full else ("ring", ctx.ring_slots)
+        ks, vs = self.kv.pools[name]
+        j = self.dense[i]
+        s = to_mx(slots)
+        ks[j][s], vs[j][s] = k, v
+        if not full and ctx.window_write is not None:
+            idx, wslots = (to_mx(t) for t in ctx.window_write)
+            wk, wv = self.kv.pools["window_pages"]
+            wk[j][wslots], wv[j][wslots] = k[idx], v[idx]
+        h, d = q.shape[1], q.shape[2]
+        outs = []
+        for g in ctx.groups:
+            view = g.full if full else g.sliding
+            qg = q[g.start:g.end].reshape(g.batch, g.num_queries, h, d).transpose(0, 2, 1, 3)
+            if view.fresh:
+                kg, vg = (x[g.start:g.end].reshape(g.batch, g.num_queries, -1, d)
+                          .transpose(0, 2, 1, 3) for x in (k, v))
+            else:
+                key_slots = to_mx(view.key_slots)
+                kg, vg = (x[j][key_slots].transpose(0, 2, 1, 3) for x in (ks, vs))
+            if view.mask is not None:
+                mask = to_mx(view.mask)
+            else:
+                mask = "causal" if view.causal else None
+            o = mx.fast.scaled_dot_product_attention(qg, kg, vg, scale=self.scale, mask=mask,
+                                                     sinks=sinks)
+            outs.append(o.transpose(0, 2, 1, 3).reshape(g.batch * g.num_queries, h * d))
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+    # -- layers ----------------------------------------------------------------------------
+    def _gemma3(self, i, x, rope, ctx):
+        p, mx = self.layers[i], self.mx
+        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T
+        q, k, v = self._heads(qkv, self.meta[i], rope, p)
+        x = x + self._norm(self._attend(i, q, k, v, ctx) @ p["o"].T, p["post_attn_norm"])
+        gate, up = mx.split(self._norm(x, p["ffn_norm"]) @ p["gate_up"].T, 2, axis=-1)
+        gelu = 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+        return x + self._norm((gelu * up) @ p["down"].T, p["post_ffn_norm"])
+
+    def _llama(self, i, x, rope, ctx):
+        p, mx = self.layers[i], self.mx
+        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T
+        if "qkv_bias" in p:
+            qkv = qkv + p["qkv_bias"]
+        q, k, v = self._heads(qkv, self.meta[i], rope, p)
+        x = x + self._attend(i, q, k, v, ctx) @ p["o"].T
+        gate, up = mx.split(self._norm(x, p["ffn_norm"]) @ p["gate_up"].T, 2, axis=-1)
+        return x + (gate * mx.sigmoid(gate) * up) @ p["down"].T
+
+    def _gpt_oss(self, i, x, rope, ctx):
+        p, mx = self.layers[i], self.mx
+        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T + p["qkv_bias"]
+        q, k, v = self._heads(qkv, self.meta[i], rope, p)
+        o = self._attend(i, q, k, v, ctx, sinks=p["sinks"].astype(q.dtype))
+        x = x + o @ p["o"].T + p["o_bias"]
+        h = self._norm(x, p["ffn_norm"])
+        top_k, alpha, limit = self.moe[i]
+        logits = h @ p["router"].T + p["router_bias"]
+        idx = mx.argpartition(-logits, top_k - 1, axis=-1)[:, :top_k]
+        weights = mx.softmax(mx.take_along_axis(logits, idx, axis=-1).astype(mx.float32), axis=-1)
+        # every expert over every token, weighted by its routing weight (0 where not chosen):
+        # exact, and simple; a gather_mm over the chosen experts is the fast path to come
+        num_experts = p["router"].shape[0]
+        onehot = (idx[:, :, None] == mx.arange(num_experts)[None, None, :]).astype(mx.float32)
+        route = (onehot * weights[:, :, None]).sum(axis=1)  # [T, E]
+        out = mx.zeros(x.shape, dtype=mx.float32)
+        for e in range(num_experts):
+            gu = h @ p["gate_up"][e] + p["gate_up_bias"][e]
+            gate = mx.minimum(gu[:, ::2], limit)
+            up = mx.clip(gu[:, 1::2], -limit, limit)
+            y = ((up + 1) * gate * mx.sigmoid(gate * alpha)) @ p["down"][e] + p["down_bias"][e]
+            out = out + y.astype(mx.float32) * route[:, e:e + 1]
+        return x + out.astype(x.dtype)
+
+    # -- the forward -----------------------------------------------------------------------
+    def __call__(self, ctx: ForwardContext) -> torch.Tensor:
+        mx = self.mx
+        self.kv.replay()
+        x = self.embed[to_mx(ctx.input_ids)]
+        if self.scale_embeddings:
+            x = x * mx.array(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
+        rope = {}
+        for sliding, (inv, s) in self.rope.items():
+            cos, sin = rope_cos_sin(ctx.positions, inv, torch.float32, s)
+            rope[sliding] = (to_mx(cos).astype(x.dtype), to_mx(sin).astype(x.dtype))
+        layer = getattr(self, "_" + self.family)
+        for i, meta in enumerate(self.meta):
+            x = layer(i, x, rope[meta[0]], ctx)
+        logits = self._logits(x[to_mx(ctx.logits_indices)])
+        score = self._score(x, ctx) if ctx.score is not None else ()
+        mx.eval(logits, *score, *self.kv.arrays())
+        if ctx.score is not None:
+            sc = ctx.score
+            sc.logprobs, sc.top_logprobs, sc.top_ids = (to_torch(a) for a in score)
+            sc.top_ids = sc.top_ids.long()
+        return to_torch(logits)
+
+    def _logits(self, x):
+        mx = self.mx
+        logits = (self._norm(x, self.final_norm) @ self.head.T).astype(mx.float32)
+        cap = self.cfg.final_logit_softcapping
+        return mx.tanh(logits / cap) * cap if cap else logits
+
+    def _score(self, x, ctx: ForwardContext):
+        """Prompt logprobs (models/base.py CausalLM._score): the next token's and the top n."""
+        mx = self.mx
+        sc = ctx.score
+        logits = self._logits(x[to_mx(sc.indices)])
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(lp, to_mx(sc.targets)[:, None], axis=-1)[:, 0]
+        n = max(sc.top_n, 1)
+        order = mx.argsort(-lp, axis=-1)[:, :n]
+        top = mx.take_along_axis(lp, order, axis=-1)
+        return chosen, top[:, :sc.top_n], order[:, :sc.top_n].astype(mx.int64)

@@ -120,9 +120,20 @@ def test_prompt_logprobs_match(hybrid):
             assert abs(a[t] - b[t]) < 1e-4
 
 
+def test_overlap_and_speculative_give_the_plain_tokens(hybrid):
+    """Overlap (the forward on the worker thread, on its own MLX stream) and n-gram drafts
+    (a repetitive prompt, so drafts are taken) give the torch backend's greedy tokens."""
+    prompts = [random_prompt(6, 1) * 6, random_prompt(9, 2)]
+    ref, _ = _run(_engine(hybrid, "cpu"), prompts, GREEDY)
+    for kw in ({"overlap": True}, {"speculative": "ngram"}):
+        eng = _engine(hybrid, "mlx", **kw)
+        assert _run(eng, prompts, GREEDY)[0] == ref, kw
+    assert eng.stats().draft_tokens[1] > 0  # drafts were accepted
+
+
 def test_unsupported_options_fail_clearly(hybrid):
-    with pytest.raises(ValueError, match="mlx does not support speculative"):
-        _engine(hybrid, "mlx", speculative="ngram")
+    with pytest.raises(ValueError, match="mlx does not support batch_invariant"):
+        _engine(hybrid, "mlx", batch_invariant=True)
 
 
 @pytest.mark.slow

@@ -626,7 +626,6 @@ def _check_mlx(config: EngineConfig) -> None:
     from swaserve.mlx import require
     require()
     for name, on in (("tensor_parallel_size > 1", config.tensor_parallel_size > 1),
-                     ("speculative", config.speculative is not None),
                      ("batch_invariant", config.batch_invariant)):
         if on:
             raise ValueError(f"device: mlx does not support {name} yet")

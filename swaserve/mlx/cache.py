@@ -42,6 +42,7 @@ class MLXKV:
             if pool is not None:
                 self.pools[name] = ([mx.zeros(tuple(t.shape), dtype=dt) for t in pool.k],
                                     [mx.zeros(tuple(t.shape), dtype=dt) for t in pool.v])
+        mx.eval(self.arrays())  # now, on this thread's stream: a forward may run on another
 
     def replay(self) -> None:
         """The KVCache's logged copies since the last forward, in order."""

@@ -8,6 +8,7 @@ an explicit mask built from ring positions (models/context.py)."""
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -53,6 +54,7 @@ class MLXCausalLM:
         self.layout = kv.cache.layout
         self.dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
         self.attn = None  # the runner sets its torch attention here; unused
+        self._streams = threading.local()  # MLX streams belong to the thread that made them
         mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
 
     def same_numerics_rows(self, m: int) -> int:
@@ -165,6 +167,14 @@ class MLXCausalLM:
 
     # -- the forward -----------------------------------------------------------------------
     def __call__(self, ctx: ForwardContext) -> torch.Tensor:
+        """On this thread's own stream: with overlap the forward runs on the worker thread."""
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = self.mx.new_stream(self.mx.default_device())
+        with self.mx.stream(stream):
+            return self._forward(ctx)
+
+    def _forward(self, ctx: ForwardContext) -> torch.Tensor:
         mx = self.mx
         self.kv.replay()
         x = self.embed[to_mx(ctx.input_ids)]

@@ -106,6 +106,19 @@ def use_int8_copies(eng) -> None:
                          for name in ("qkv", "o", "gate_up", "down")}})
 
 
+def run_logging_logits(eng, prompts, params):
+    """Run prompts to the end on `eng`: each request's tokens (every one of n > 1) and its
+    sampled logits rows as (position, float32 row) in step order."""
+    eng.logits_log = []
+    reqs = [r for p in prompts for r in eng.add_request(p, params)]
+    while eng.has_unfinished():
+        eng.step()
+    logs: dict[str, list] = {}
+    for rid, pos, row in eng.logits_log:
+        logs.setdefault(rid, []).append((pos, row))
+    return [r.output_token_ids for r in reqs], [logs.get(r.request_id, []) for r in reqs]
+
+
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
+from conftest import run_logging_logits as _run
 from test_model_families import gpt_oss, llama  # noqa: F401 - fixtures
 
 from swaserve.engine.engine import Engine
@@ -40,17 +41,6 @@ def _engine(path, device, **kw):
     kw.setdefault("max_model_len", 512)
     return Engine(model=path, dtype="float32", device=device, kv_memory="64MiB",
                   chunk_size=7, **kw)
-
-
-def _run(eng, prompts, params):
-    eng.logits_log = []
-    reqs = [r for p in prompts for r in eng.add_request(p, params)]
-    while eng.has_unfinished():
-        eng.step()
-    logs: dict[str, list] = {}
-    for rid, pos, row in eng.logits_log:
-        logs.setdefault(rid, []).append((pos, row))
-    return [r.output_token_ids for r in reqs], [logs.get(r.request_id, []) for r in reqs]
 
 
 def _same(path, prompts, params=GREEDY, **kw):

@@ -13,6 +13,7 @@ import signal
 import pytest
 import torch
 from conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
+from conftest import run_logging_logits as _run
 from test_model_families import gpt_oss, llama  # noqa: F401 - fixtures
 
 from swaserve.config import EngineConfig
@@ -42,17 +43,6 @@ def _engine(path, tp, **kw):
     kw.setdefault("max_model_len", 512)
     return Engine(model=path, dtype="float32", tensor_parallel_size=tp, kv_memory="64MiB",
                   chunk_size=7, **kw)
-
-
-def _run(eng, prompts, params):
-    eng.logits_log = []
-    reqs = [eng.add_request(p, params)[0] for p in prompts]
-    while eng.has_unfinished():
-        eng.step()
-    logs = {}
-    for rid, pos, row in eng.logits_log:
-        logs.setdefault(rid, []).append((pos, row))
-    return [r.output_token_ids for r in reqs], [logs[r.request_id] for r in reqs]
 
 
 def _same_run(one, two, prompts, params):

@@ -55,6 +55,7 @@ class MLXCausalLM:
         self.dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
         self.attn = None  # the runner sets its torch attention here; unused
         self._streams = threading.local()  # MLX streams belong to the thread that made them
+        self._indices: dict[int, object] = {}  # this forward's context tensors (_index)
         mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
 
     def same_numerics_rows(self, m: int) -> int:
@@ -94,10 +95,10 @@ class MLXCausalLM:
         name, slots = ("full", ctx.full_slots) if full else ("ring", ctx.ring_slots)
         ks, vs = self.kv.pools[name]
         j = self.dense[i]
-        s = to_mx(slots)
+        s = self._index(slots)
         ks[j][s], vs[j][s] = k, v
         if not full and ctx.window_write is not None:
-            idx, wslots = (to_mx(t) for t in ctx.window_write)
+            idx, wslots = (self._index(t) for t in ctx.window_write)
             wk, wv = self.kv.pools["window_pages"]
             wk[j][wslots], wv[j][wslots] = k[idx], v[idx]
         h, d = q.shape[1], q.shape[2]
@@ -109,16 +110,24 @@ class MLXCausalLM:
                 kg, vg = (x[g.start:g.end].reshape(g.batch, g.num_queries, -1, d)
                           .transpose(0, 2, 1, 3) for x in (k, v))
             else:
-                key_slots = to_mx(view.key_slots)
+                key_slots = self._index(view.key_slots)
                 kg, vg = (x[j][key_slots].transpose(0, 2, 1, 3) for x in (ks, vs))
             if view.mask is not None:
-                mask = to_mx(view.mask)
+                mask = self._index(view.mask)
             else:
                 mask = "causal" if view.causal else None
             o = mx.fast.scaled_dot_product_attention(qg, kg, vg, scale=self.scale, mask=mask,
                                                      sinks=sinks)
             outs.append(o.transpose(0, 2, 1, 3).reshape(g.batch * g.num_queries, h * d))
         return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+    def _index(self, t: torch.Tensor):
+        """A ForwardContext tensor as an MLX array, converted once per forward: every layer
+        of a kind reads the same slots and masks."""
+        a = self._indices.get(id(t))
+        if a is None:
+            a = self._indices[id(t)] = to_mx(t)
+        return a
 
     # -- layers ----------------------------------------------------------------------------
     def _gemma3(self, i, x, rope, ctx):
@@ -176,12 +185,16 @@ class MLXCausalLM:
 
     def _forward(self, ctx: ForwardContext) -> torch.Tensor:
         mx = self.mx
+        self._indices = {}
         self.kv.replay()
         x = self.embed[to_mx(ctx.input_ids)]
         if self.scale_embeddings:
             x = x * mx.array(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
         rope = {}
         for sliding, (inv, s) in self.rope.items():
+            if sliding and self.rope[True] is self.rope[False]:
+                rope[True] = rope[False]
+                continue
             cos, sin = rope_cos_sin(ctx.positions, inv, torch.float32, s)
             rope[sliding] = (to_mx(cos).astype(x.dtype), to_mx(sin).astype(x.dtype))
         layer = getattr(self, "_" + self.family)

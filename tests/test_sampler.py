@@ -1,4 +1,6 @@
-"""The sampling contract (docs/architecture.md): the sampler on fixed logits (exact, fast, no model needed)."""
+"""The sampling contract (docs/architecture.md): the sampler on fixed logits (exact, fast, no
+model needed). The contract tests run on both samplers: torch's and the MLX one
+(mlx/sampler.py, skipped where mlx cannot be imported)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,30 @@ import math
 import pytest
 import torch
 
+from swaserve.mlx import available as mlx_available
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
 
 V = 1000
+BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(
+    not mlx_available(), reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"))]
+
+
+def make_sampler(backend: str, vocab: int = V, seed: int = 0):
+    """A sampler called with torch logits: torch's, or the MLX one on the same logits."""
+    if backend == "torch":
+        return Sampler(vocab, torch.device("cpu"), seed)
+    from swaserve.mlx.cache import to_mx
+    from swaserve.mlx.sampler import MLXSampler
+    from swaserve.mlx.step import StepGraph
+
+    s = MLXSampler(vocab, StepGraph(), seed)
+
+    def sample(logits, rows):
+        return s(to_mx(logits), rows)
+    sample.generator = s.generator
+    return sample
 
 
 def murmur3_ref(blocks: list[int]) -> int:
@@ -60,8 +81,9 @@ def fixed_logits(b: int = 1, seed: int = 0) -> torch.Tensor:
     return torch.randn(b, V, generator=g) * 3
 
 
-def test_greedy_rows_exact_and_consume_no_randomness():
-    s = Sampler(V, torch.device("cpu"), seed=0)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_rows_exact_and_consume_no_randomness(backend):
+    s = make_sampler(backend)
     logits = fixed_logits(3)
     out = s(logits.clone(), [row(SamplingParams(temperature=0)) for _ in range(3)])
     assert torch.equal(out.tokens, logits.argmax(-1))
@@ -82,10 +104,11 @@ MIX = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=2),
                                     SamplingParams(temperature=1.0, top_k=40, seed=7),
                                     SamplingParams(temperature=1.0, top_p=0.9, seed=7),
                                     SamplingParams(temperature=1.0, min_p=0.05, seed=7)])
-def test_seeded_row_is_batch_invariant(params):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_row_is_batch_invariant(params, backend):
     logits = fixed_logits(16, seed=3)
     mine = logits[0:1]
-    alone = [Sampler(V, torch.device("cpu"), seed=s)(mine.clone(), [row(params, pos=p)]).tokens.item()
+    alone = [make_sampler(backend, seed=s)(mine.clone(), [row(params, pos=p)]).tokens.item()
              for s, p in ((0, 10), (1, 10))]
     assert alone[0] == alone[1]  # across runs and engine seeds
     for pos_in_batch in (0, 5, 15):
@@ -93,16 +116,16 @@ def test_seeded_row_is_batch_invariant(params):
         batch[pos_in_batch] = mine[0]
         rows = [row(MIX[i % len(MIX)], pos=10 + i, out=(3, 4)) for i in range(16)]
         rows[pos_in_batch] = row(params, pos=10)
-        got = Sampler(V, torch.device("cpu"), seed=99)(batch, rows).tokens[pos_in_batch].item()
+        got = make_sampler(backend, seed=99)(batch, rows).tokens[pos_in_batch].item()
         assert got == alone[0]
     # a batchmate with top_k > 1024 sends every filtering row down the full-vocabulary path
     wide = [row(params, pos=10), row(SamplingParams(temperature=1.0, top_k=2000, top_p=0.99))]
     both = torch.cat([mine, logits[1:2]])
-    assert Sampler(V, torch.device("cpu"))(both, wide).tokens[0].item() == alone[0]
+    assert make_sampler(backend)(both, wide).tokens[0].item() == alone[0]
 
 
-def _empirical(params: SamplingParams, logits: torch.Tensor, n: int) -> torch.Tensor:
-    s = Sampler(V, torch.device("cpu"))
+def _empirical(params: SamplingParams, logits: torch.Tensor, n: int, backend: str) -> torch.Tensor:
+    s = make_sampler(backend)
     rows = [row(params, pos=i, seed=i) for i in range(n)]
     toks = s(logits.expand(n, V).clone(), rows).tokens
     return torch.bincount(toks, minlength=V).double()
@@ -131,13 +154,14 @@ def _expected(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
 
 @pytest.mark.parametrize("t,k,p,m", [(1.0, V, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.0, V, 0.6, 0.0),
                                      (1.0, V, 1.0, 0.1), (1.3, 20, 0.8, 0.02)])
-def test_filtered_sampling_matches_renormalised_distribution(t, k, p, m):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_filtered_sampling_matches_renormalised_distribution(t, k, p, m, backend):
     # distinct values (no ties at a filter boundary) with a heavy tail, so top-p cuts deep
     head = torch.tensor([4.0, 3.5, 3.0, 2.0, 1.5, 1.0, 0.5])
     logits = torch.cat([head, -1.0 - 0.004 * torch.arange(V - 7)])[None, :]
     n = 20000
     counts = _empirical(SamplingParams(temperature=t, top_k=k if k < V else -1, top_p=p, min_p=m),
-                        logits, n)
+                        logits, n, backend)
     q, keep = _expected(logits, t, k, p, m)
     assert counts[~keep].sum() == 0  # nothing outside the filter, ever
     exp = q * n
@@ -148,8 +172,9 @@ def test_filtered_sampling_matches_renormalised_distribution(t, k, p, m):
     assert chi2 < dof + 3.1 * math.sqrt(2 * dof) + 10, (chi2, dof)
 
 
-def test_penalties_and_bias_exactly_as_specified():
-    s = Sampler(V, torch.device("cpu"))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_penalties_and_bias_exactly_as_specified(backend):
+    s = make_sampler(backend)
     logits = fixed_logits(1, seed=5)
     p = SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.25,
                        repetition_penalty=1.5, logit_bias={7: 2.0}, logprobs=0)
@@ -166,8 +191,9 @@ def test_penalties_and_bias_exactly_as_specified():
     assert abs(out.chosen_logprob.item() - lp[out.tokens.item()].item()) < 1e-5
 
 
-def test_logprobs_equal_log_softmax_of_scaled_logits():
-    s = Sampler(V, torch.device("cpu"))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logprobs_equal_log_softmax_of_scaled_logits(backend):
+    s = make_sampler(backend)
     logits = fixed_logits(2, seed=8)
     out = s(logits.clone(), [row(SamplingParams(temperature=0.5, top_k=3, logprobs=5, seed=1)),
                              row(SamplingParams(temperature=0, logprobs=2))])
@@ -195,10 +221,11 @@ def test_unknown_token_in_logit_bias_rejected():
         SamplingParams(logit_bias={5000: 1.0}).validate(vocab_size=V)
 
 
-def test_seeded_temperature_rows_prune_exactly():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_temperature_rows_prune_exactly(backend):
     """The pruned Gumbel-max of seeded temperature-only rows equals hashing every id."""
     logits = fixed_logits(6, seed=21) * 4
-    s = Sampler(V, torch.device("cpu"))
+    s = make_sampler(backend)
     rows = [row(SamplingParams(temperature=t, seed=100 + i), pos=5 + i)
             for i, t in enumerate((0.3, 0.7, 1.0, 1.0, 1.5, 2.0))]
     got = s(logits.clone(), rows).tokens
@@ -225,14 +252,15 @@ def _sorted_reference(logits_row: torch.Tensor, p: SamplingParams, r) -> int:
 
 
 @pytest.mark.parametrize("scale", [6.0, 0.05])  # peaked: candidates suffice; flat: sort fallback
-def test_top_p_over_whole_vocabulary_matches_full_sort(scale):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_top_p_over_whole_vocabulary_matches_full_sort(scale, backend):
     v = 5000  # wider than the bounded candidate width
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, v, generator=g) * scale
     params = [SamplingParams(temperature=1.0, top_p=0.9, seed=1), SamplingParams(temperature=0.7, top_p=0.5, seed=2),
               SamplingParams(temperature=1.0, min_p=0.01, seed=3), SamplingParams(temperature=1.2, top_p=0.95, min_p=0.001, seed=4)]
     rows = [row(p, pos=9 + i) for i, p in enumerate(params)]
-    got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
+    got = make_sampler(backend, v)(logits.clone(), rows).tokens
     for i, (p, r) in enumerate(zip(params, rows)):
         assert got[i].item() == _sorted_reference(logits[i], p, r)
 

@@ -57,6 +57,7 @@ from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
+from swaserve.mlx.cache import to_torch as mlx_to_torch
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
@@ -162,7 +163,11 @@ class Engine:
         self.scheduler = Scheduler(self.cache, config.chunk_size,
                                    aligned_chunks=config.batch_invariant)
         self.vocab_size = cfg.vocab_size
-        self.sampler = Sampler(self.vocab_size, self.device, config.seed)
+        if self.mlx:
+            from swaserve.mlx.sampler import MLXSampler
+            self.sampler = MLXSampler(self.vocab_size, self.model.step, config.seed)
+        else:
+            self.sampler = Sampler(self.vocab_size, self.device, config.seed)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
@@ -447,10 +452,13 @@ class Engine:
                 logits = logits[[o[0] for o in owners]]
             if self.logits_log is not None:
                 # copies: the next forward may reuse the logits' buffer (CausalLM.forward)
-                for (_, req), row, lg in zip(owners, rows, logits):
+                host = logits if not self.mlx else mlx_to_torch(logits)
+                for (_, req), row, lg in zip(owners, rows, host):
                     self.logits_log.append((req.request_id, row.position,
                                             lg.detach().float().cpu().clone()))
             out = self.sample_stage.sample(logits, rows, owners)
+            if self.mlx:  # the lazy forward, if no row's sampling evaluated it
+                self.model.step.evaluate()
             return out, t2 - t1, time.perf_counter() - t2
 
         result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)

@@ -8,13 +8,13 @@ an explicit mask built from ring positions (models/context.py)."""
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
 from swaserve.memory.layout import LayerKind
 from swaserve.mlx import require
 from swaserve.mlx.cache import MLXKV, to_mx, to_torch
+from swaserve.mlx.step import StepGraph
 from swaserve.models.base import CausalLM
 from swaserve.models.context import ForwardContext
 from swaserve.models.gemma3 import Gemma3Layer
@@ -31,8 +31,9 @@ def _family(layer) -> str:
 
 
 class MLXCausalLM:
-    """Called like the torch model: `model(ctx)` -> float32 logits [S, V] (a torch tensor:
-    the step's one `mx.eval` evaluates them with the KV arrays they wrote)."""
+    """Called like the torch model: `model(ctx)` -> float32 logits [S, V], as a lazy MLX
+    array the MLXSampler (mlx/sampler.py) samples from; the step's one `mx.eval`
+    (`evaluate`) computes them, the KV arrays they wrote and the tokens together."""
 
     def __init__(self, model: CausalLM, kv: MLXKV):
         self.mx = mx = require()
@@ -54,7 +55,7 @@ class MLXCausalLM:
         self.layout = kv.cache.layout
         self.dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
         self.attn = None  # the runner sets its torch attention here; unused
-        self._streams = threading.local()  # MLX streams belong to the thread that made them
+        self.step = StepGraph()
         self._indices: dict[int, object] = {}  # this forward's context tensors (_index)
         mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
 
@@ -175,15 +176,25 @@ class MLXCausalLM:
         return x + out.astype(x.dtype)
 
     # -- the forward -----------------------------------------------------------------------
-    def __call__(self, ctx: ForwardContext) -> torch.Tensor:
-        """On this thread's own stream: with overlap the forward runs on the worker thread."""
-        stream = getattr(self._streams, "stream", None)
-        if stream is None:
-            stream = self._streams.stream = self.mx.new_stream(self.mx.default_device())
-        with self.mx.stream(stream):
-            return self._forward(ctx)
+    def __call__(self, ctx: ForwardContext):
+        """The step's float32 logits [S, V], lazy: the sampler builds on them and the
+        step's `evaluate` runs the forward, the KV writes and the sampling in one `mx.eval`."""
+        with self.step.stream():
+            x = self._hidden_states(ctx)
+            logits = self._logits(x[to_mx(ctx.logits_indices)])
+            score = self._score(x, ctx) if ctx.score is not None else ()
+        self.step.defer([logits, *score, *self.kv.arrays()],
+                        (lambda: self._hand_score(ctx, score)) if score else None)
+        return logits
 
-    def _forward(self, ctx: ForwardContext) -> torch.Tensor:
+    @staticmethod
+    def _hand_score(ctx: ForwardContext, score: tuple) -> None:
+        sc = ctx.score
+        sc.logprobs, sc.top_logprobs, sc.top_ids = (to_torch(a) for a in score)
+        sc.top_ids = sc.top_ids.long()
+
+    def _hidden_states(self, ctx: ForwardContext):
+        """The last layer's output [S, hidden] (KV writes on the way)."""
         mx = self.mx
         self._indices = {}
         self.kv.replay()
@@ -200,14 +211,7 @@ class MLXCausalLM:
         layer = getattr(self, "_" + self.family)
         for i, meta in enumerate(self.meta):
             x = layer(i, x, rope[meta[0]], ctx)
-        logits = self._logits(x[to_mx(ctx.logits_indices)])
-        score = self._score(x, ctx) if ctx.score is not None else ()
-        mx.eval(logits, *score, *self.kv.arrays())
-        if ctx.score is not None:
-            sc = ctx.score
-            sc.logprobs, sc.top_logprobs, sc.top_ids = (to_torch(a) for a in score)
-            sc.top_ids = sc.top_ids.long()
-        return to_torch(logits)
+        return x
 
     def _logits(self, x):
         mx = self.mx

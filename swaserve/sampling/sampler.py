@@ -120,7 +120,7 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return idx.gather(1, x.gather(1, idx).max(dim=-1, keepdim=True).indices)[:, 0]
 
 
-def _plain_greedy(r: SamplerRow) -> bool:
+def plain_greedy(r: SamplerRow) -> bool:
     p = r.params
     return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
             and r.grammar_bias is None and not has_penalty(p))
@@ -244,7 +244,7 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
-        if all(_plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
+        if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)
         # filtering rows with top_k above the bound need their whole row in float32

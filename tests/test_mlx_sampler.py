@@ -1,0 +1,165 @@
+"""The MLX sampler (mlx/sampler.py) against the torch sampler on identical logits: the
+murmur noise bit for bit, the same tokens for seeded rows whatever their parameters, the
+same logprobs, and one `mx.eval` a step for the forward and the sampling together. The
+contract tests both samplers share (chi-square of the filtered distributions, batch
+independence, penalties, logprobs, the full-sort fallback) are in test_sampler.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import HYBRID, random_prompt, write_tiny_gemma3
+
+from swaserve.mlx import available
+from swaserve.sampling import murmur
+from swaserve.sampling.params import SamplingParams
+from swaserve.sampling.sampler import Sampler, SamplerRow
+
+pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
+                                "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")
+
+
+def _mx():
+    import mlx.core as mx
+    return mx
+
+
+def _prefix(seeds, positions) -> torch.Tensor:
+    lo_hi = [murmur.split_seed(s) for s in seeds]
+    return murmur.row_prefix(torch.tensor([x[0] for x in lo_hi]), torch.tensor([x[1] for x in lo_hi]),
+                             torch.tensor(positions))
+
+
+def test_murmur_hash_bit_identical_and_gumbel_to_the_last_bit_of_a_score():
+    from swaserve.mlx import sampler as mlx_sampler
+
+    mx = _mx()
+    g = torch.Generator().manual_seed(0)
+    seeds = [0, 1, 2**31, 2**63 + 12345] + torch.randint(0, 2**62, (12,), generator=g).tolist()
+    prefix = _prefix(seeds, torch.randint(0, 2**20, (16,), generator=g).tolist())
+    tokens = torch.cat([torch.tensor([0, 1, 262143]), torch.randint(0, 262144, (4000,), generator=g)])
+    want = murmur.murmur_hash(prefix, tokens)
+    got = mlx_sampler.murmur_hash(mx.array(prefix.numpy()), mx.array(tokens.numpy()))
+    assert np.array_equal(np.array(got).astype(np.int64), want.numpy())
+    ends = torch.tensor([[0, 1, 0xFFFFFFFF, 0xFFFFFFFE]])
+    h = torch.cat([want, ends.expand(16, 4)], dim=1)
+    g_t = murmur.gumbel_from_hash(h).numpy()
+    with mx.stream(mx.cpu):
+        g_m = np.array(mlx_sampler.gumbel_from_hash(mx.array(h.numpy().astype(np.uint32))))
+    assert g_m.dtype == np.float64
+    finite = np.isfinite(g_t)
+    assert np.array_equal(finite, np.isfinite(g_m)) and np.all(g_m[~finite] == -np.inf)
+    # MLX's float64 log is not always correctly rounded: a last-bit difference in -log u
+    # is an absolute 1e-16 or so in the noise, below the last bit of a score x + g with |x| >= 1
+    err = np.abs(g_m[finite] - g_t[finite]) / np.spacing(np.maximum(np.abs(g_t[finite]), 1.0))
+    assert err.max() <= 1, err.max()
+    assert (g_m == g_t).mean() > 0.99
+
+
+def _mixed_rows(v: int, seed: int) -> list[SamplerRow]:
+    """Every kind of sampling row, seeded: each filter tier, edits, penalties, logprobs."""
+    mask = torch.zeros(v)
+    mask[torch.randperm(v, generator=torch.Generator().manual_seed(seed))[: v // 3]] = float("-inf")
+    P = SamplingParams
+    params = [P(temperature=0), P(temperature=0, logit_bias={5: 3.0}, logprobs=3),
+              P(temperature=0.8), P(temperature=1.3, logprobs=0), P(temperature=1.0, top_k=40),
+              P(temperature=1.0, top_k=2000, top_p=0.99),  # the 8,192 tier
+              P(temperature=0.9, top_k=9000, top_p=0.98),  # the whole vocabulary
+              P(temperature=1.0, top_p=0.9), P(temperature=1.0, top_p=0.95, logprobs=5),
+              P(temperature=1.0, min_p=0.01), P(temperature=0.7, top_p=0.8, min_p=0.02),
+              P(temperature=1.0, frequency_penalty=0.7, presence_penalty=0.3,
+                repetition_penalty=1.2, top_p=0.9),
+              P(temperature=1.0, logit_bias={7: 5.0, 11: -100.0}, top_k=50),
+              P(temperature=1.0, top_p=0.9), P(temperature=1.0)]
+    rows = []
+    for i, p in enumerate(params):
+        r = SamplerRow(p, 1000 * seed + i, 20 + i, [1, 2, 3, 7], [3, 3, 9, 12][: i % 5],
+                       suppress=[4] if i % 4 == 1 else ())
+        if i in (4, 9, 12):
+            r.grammar_bias = mask
+        rows.append(r)
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_tokens_and_logprobs_as_the_torch_sampler(seed):
+    """V = 12,000: the 1,024 / 8,192 / whole-vocabulary tiers; the last rows are flat, so
+    their nucleus passes 8,192 and they are drawn again after the eval."""
+    from swaserve.mlx.cache import to_mx
+    from swaserve.mlx.sampler import MLXSampler
+    from swaserve.mlx.step import StepGraph
+
+    v = 12000
+    rows = _mixed_rows(v, seed)
+    logits = torch.randn(len(rows), v, generator=torch.Generator().manual_seed(seed)) * 3
+    logits[-3:] *= 0.01  # flat
+    want = Sampler(v, torch.device("cpu"))(logits.clone(), rows)
+    got = MLXSampler(v, StepGraph())(to_mx(logits), rows)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.logprob_rows == want.logprob_rows
+    torch.testing.assert_close(got.chosen_logprob, want.chosen_logprob, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.top_logprobs, want.top_logprobs, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got.top_ids, want.top_ids)
+
+
+def test_one_eval_a_step_for_forward_and_sampling(tmp_path, monkeypatch):
+    """A step's forward, KV writes and sampling (every kind of row whose kept set fits the
+    bounded candidates) are one `mx.eval`; the tokens equal the torch backend's."""
+    from swaserve.engine.engine import Engine
+
+    write_tiny_gemma3(tmp_path, HYBRID, seed=5)
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=4, max_tokens=6,
+                             ignore_eos=True, frequency_penalty=0.5)]
+    prompts = [random_prompt(n, i) for i, n in enumerate((30, 9, 17))]
+
+    def run(device):
+        eng = Engine(model=str(tmp_path), dtype="float32", device=device, kv_memory="32MiB",
+                     chunk_size=16, max_model_len=256)
+        reqs = [eng.add_request(p, q)[0] for p, q in zip(prompts, params)]
+        evals = []
+        if device == "mlx":
+            mx = _mx()
+            real = mx.eval
+            monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real(*a))[1])
+        steps = 0
+        while eng.has_unfinished():
+            eng.step()
+            steps += 1
+        monkeypatch.undo()
+        return [r.output_token_ids for r in reqs], steps, len(evals)
+
+    want, _, _ = run("cpu")
+    got, steps, evals = run("mlx")
+    assert got == want
+    assert evals == steps
+
+
+def test_grammar_stop_and_n_rows_equal_the_torch_backend(tiny_with_tokenizer):
+    """Rows that need their token on the host (a JSON schema, a stop string, penalties,
+    n > 1 forks) on the MLX backend, with overlap: the torch backend's text."""
+    import json
+
+    from swaserve.engine.engine import Engine
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = [SamplingParams(temperature=1.0, seed=5, max_tokens=40, json_schema=schema),
+              SamplingParams(temperature=0.9, seed=6, max_tokens=30, stop=["a"], top_p=0.9),
+              SamplingParams(temperature=1.0, seed=7, max_tokens=12, n=3, min_p=0.05,
+                             presence_penalty=0.5),
+              SamplingParams(temperature=0, max_tokens=12)]
+
+    def run(device, **kw):
+        eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=device,
+                     kv_memory="32MiB", max_model_len=256, **kw)
+        reqs = [r for i, p in enumerate(params) for r in eng.add_request(f"hello {i}", p)]
+        while eng.has_unfinished():
+            eng.step()
+        return [(r.output_token_ids, r.finish_reason) for r in reqs], eng
+
+    want, eng = run("cpu")
+    got, _ = run("mlx", overlap=True)
+    assert got == want
+    json.loads(eng.tokenizer.decode(want[0][0]))  # the schema row is valid JSON

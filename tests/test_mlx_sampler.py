@@ -163,3 +163,75 @@ def test_grammar_stop_and_n_rows_equal_the_torch_backend(tiny_with_tokenizer):
     got, _ = run("mlx", overlap=True)
     assert got == want
     json.loads(eng.tokenizer.decode(want[0][0]))  # the schema row is valid JSON
+
+
+def _faulty_eval(monkeypatch, fail):
+    """mx.eval raising while `fail(args)` says so."""
+    mx = _mx()
+    real = mx.eval
+
+    def ev(*a):
+        if fail(a):
+            raise RuntimeError("[metal] Insufficient Memory (injected)")
+        return real(*a)
+    monkeypatch.setattr(mx, "eval", ev)
+
+
+def test_a_failed_sampling_eval_costs_nothing(hybrid_path, monkeypatch):
+    """A step's joint eval fails once (the sampler's part; the forward alone evaluates):
+    the rows are sampled again one by one and every request gets its tokens."""
+    prompts = [random_prompt(n, i) for i, n in enumerate((30, 9))]
+    p = SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, top_p=0.9)
+    want = _run_mlx(hybrid_path, prompts, p)
+    calls = {"n": 0}
+
+    def once(args):
+        calls["n"] += 1
+        return calls["n"] == 3
+    _faulty_eval(monkeypatch, once)
+    assert _run_mlx(hybrid_path, prompts, p) == want
+
+
+def test_a_failed_forward_eval_resets_the_kv_and_the_engine_serves_on(hybrid_path, monkeypatch):
+    """A forward whose eval fails leaves the lazily written KV arrays unusable: every
+    request holding KV fails with a clear error, the prefix cache is emptied, the pools are
+    whole, and the next requests get the tokens a fresh engine gives."""
+    from swaserve.engine.engine import Engine
+    from swaserve.engine.request import FinishReason
+
+    eng = Engine(model=hybrid_path, dtype="float32", device="mlx", kv_memory="32MiB",
+                 chunk_size=16, max_model_len=256)
+    p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    first = [eng.add_request(random_prompt(n, i), p)[0] for i, n in enumerate((40, 12))]
+    eng.step()
+    eng.step()
+    state = {"armed": True}
+    _faulty_eval(monkeypatch, lambda a: state["armed"])
+    eng.step()
+    state["armed"] = False
+    assert all(r.finish_reason is FinishReason.ERROR for r in first)
+    assert "KV data is reset" in str(first[0].error)
+    eng.check_integrity()
+    prompts = [random_prompt(n, 10 + i) for i, n in enumerate((40, 7))]
+    again = [eng.add_request(q, p)[0] for q in prompts]
+    while eng.has_unfinished():
+        eng.step()
+    assert [r.output_token_ids for r in again] == _run_mlx(hybrid_path, prompts, p)
+
+
+def _run_mlx(path, prompts, params):
+    from swaserve.engine.engine import Engine
+
+    eng = Engine(model=path, dtype="float32", device="mlx", kv_memory="32MiB",
+                 chunk_size=16, max_model_len=256)
+    reqs = [eng.add_request(q, params)[0] for q in prompts]
+    while eng.has_unfinished():
+        eng.step()
+    return [r.output_token_ids for r in reqs]
+
+
+@pytest.fixture(scope="module")
+def hybrid_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mlx_sampler_hybrid")
+    write_tiny_gemma3(path, HYBRID, seed=5)
+    return str(path)

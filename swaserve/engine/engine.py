@@ -47,7 +47,7 @@ from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
-from swaserve.engine.faults import FaultInjector
+from swaserve.engine.faults import FaultInjector, KVLost
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
@@ -399,8 +399,8 @@ class Engine:
         if self._scheduling is not None:
             seqs += self._scheduling.seqs
         found = [s.request for s in seqs] + [r for step in launched for _, r in step.owners]
-        if self._scheduling is None and not launched:  # it broke inside schedule()
-            found += self.scheduler.running
+        if (self._scheduling is None and not launched) or isinstance(err, KVLost):
+            found += self.scheduler.running  # it broke inside schedule(), or all KV is gone
         reqs = list({id(r): r for r in found}.values())
         self._scheduling = None
         error = RequestError(f"the engine step computing this request failed: "
@@ -409,6 +409,8 @@ class Engine:
             req.in_flight = req.num_pending = 0
             self.fail(req, error)
         self.scheduler.release_deferred()
+        if isinstance(err, KVLost):
+            self.cache.evict_all()
         self.check_integrity()  # raises if the pools could not be made whole: the engine dies
         self.last_step = StepStats(0, len(reqs), 0.0, 0.0, 0.0)  # it ended them: not stalled
         return reqs

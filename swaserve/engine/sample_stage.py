@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from swaserve.engine.faults import FaultInjector
+from swaserve.engine.faults import FaultInjector, KVLost
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
 from swaserve.profile import timed
@@ -127,6 +127,8 @@ class SampleStage:
         try:
             self._check("sampler", [r for _, r in owners])
             return self.sampler(logits, rows)
+        except KVLost:  # the step's forward failed with it: no row is at fault
+            raise
         except Exception as e:  # noqa: BLE001 - find the row at fault
             log.warning("sampling a batch of %d failed (%s); sampling its rows one by one",
                         len(rows), e)

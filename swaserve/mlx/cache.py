@@ -35,14 +35,21 @@ class MLXKV:
         mx = require()
         self.cache = cache
         cache.copy_log = []  # from here on every KV move outside a forward is logged
-        dt = getattr(mx, MX_DTYPES[dtype])
+        self.dtype = getattr(mx, MX_DTYPES[dtype])
         self.pools: dict[str, tuple[list, list]] = {}
+        self.reset()
+        mx.eval(self.arrays())  # now, on this thread's stream: a forward may run on another
+
+    def reset(self) -> None:
+        """Zeroed K/V arrays, lazy (at start, and after a failed forward left them unusable:
+        then on the forward's thread, which evaluates them with its next step)."""
+        mx = require()
+        cache = self.cache
         for name, pool in (("full", cache.full), ("ring", cache.window),
                            ("window_pages", cache.window_pages)):
             if pool is not None:
-                self.pools[name] = ([mx.zeros(tuple(t.shape), dtype=dt) for t in pool.k],
-                                    [mx.zeros(tuple(t.shape), dtype=dt) for t in pool.v])
-        mx.eval(self.arrays())  # now, on this thread's stream: a forward may run on another
+                self.pools[name] = ([mx.zeros(tuple(t.shape), dtype=self.dtype) for t in pool.k],
+                                    [mx.zeros(tuple(t.shape), dtype=self.dtype) for t in pool.v])
 
     def replay(self) -> None:
         """The KVCache's logged copies since the last forward, in order."""

@@ -55,7 +55,7 @@ class MLXCausalLM:
         self.layout = kv.cache.layout
         self.dense = [self.layout.dense_index(i) for i in range(len(self.layout.layers))]
         self.attn = None  # the runner sets its torch attention here; unused
-        self.step = StepGraph()
+        self.step = StepGraph(on_lost=kv.reset)
         self._indices: dict[int, object] = {}  # this forward's context tensors (_index)
         mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
 

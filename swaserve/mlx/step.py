@@ -8,15 +8,17 @@ import contextlib
 import threading
 from collections.abc import Callable
 
+from swaserve.engine.faults import KVLost
 from swaserve.mlx import require
 
 
 class StepGraph:
-    def __init__(self):
+    def __init__(self, on_lost: Callable[[], None] | None = None):
         self.mx = require()
         self._streams = threading.local()  # MLX streams belong to the thread that made them
         self._pending: list = []
         self._done: list[Callable[[], None]] = []
+        self.on_lost = on_lost  # resets the KV arrays when a forward's eval failed
 
     @contextlib.contextmanager
     def stream(self):
@@ -41,12 +43,29 @@ class StepGraph:
             self._done.append(done)
 
     def evaluate(self, *arrays) -> None:
-        """One `mx.eval` of `arrays` and everything deferred."""
+        """One `mx.eval` of `arrays` and everything deferred. If it raises, the deferred
+        arrays alone are tried: if they evaluate, the fault was in `arrays` (the sampler's
+        graph: it is raised, and the sample stage finds the row at fault); if not, the
+        forward failed and its KV writes with it: KVLost."""
         pending, done = self._pending, self._done
         if not arrays and not pending:
             return
         self._pending, self._done = [], []
         with self.stream():
-            self.mx.eval(*arrays, *pending)
+            try:
+                self.mx.eval(*arrays, *pending)
+            except Exception as e:
+                if not pending:
+                    raise
+                try:
+                    self.mx.eval(*pending)
+                except Exception as lost:  # noqa: BLE001 - reported as KVLost
+                    if self.on_lost is not None:
+                        self.on_lost()
+                    raise KVLost(f"the forward's MLX evaluation failed ({type(lost).__name__}: "
+                                 f"{lost}); the KV data is reset") from lost
+                for f in done:
+                    f()
+                raise e
         for f in done:
             f()

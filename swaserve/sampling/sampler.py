@@ -145,7 +145,7 @@ class SamplerOutput:
         """One output from one-row outputs, in order; a row that failed (None) gets token 0
         and no logprobs. Top-n lists are padded to the widest (readers slice their own n)."""
         zero = torch.zeros(1, dtype=torch.int64, device=device)
-        tokens = torch.cat([p.tokens if p is not None else zero for p in parts])
+        tokens = torch.cat([p.tokens if p is not None else zero for p in parts] or [zero[:0]])
         lp = [j for j, p in enumerate(parts) if p is not None and p.logprob_rows]
         out = cls(tokens, None, None, None, lp, dict(failed))
         if not lp:

@@ -161,18 +161,16 @@ class MLXCausalLM:
         logits = h @ p["router"].T + p["router_bias"]
         idx = mx.argpartition(-logits, top_k - 1, axis=-1)[:, :top_k]
         weights = mx.softmax(mx.take_along_axis(logits, idx, axis=-1).astype(mx.float32), axis=-1)
-        # every expert over every token, weighted by its routing weight (0 where not chosen):
-        # exact, and simple; a gather_mm over the chosen experts is the fast path to come
-        num_experts = p["router"].shape[0]
-        onehot = (idx[:, :, None] == mx.arange(num_experts)[None, None, :]).astype(mx.float32)
-        route = (onehot * weights[:, :, None]).sum(axis=1)  # [T, E]
-        out = mx.zeros(x.shape, dtype=mx.float32)
-        for e in range(num_experts):
-            gu = h @ p["gate_up"][e] + p["gate_up_bias"][e]
-            gate = mx.minimum(gu[:, ::2], limit)
-            up = mx.clip(gu[:, 1::2], -limit, limit)
-            y = ((up + 1) * gate * mx.sigmoid(gate * alpha)) @ p["down"][e] + p["down_bias"][e]
-            out = out + y.astype(mx.float32) * route[:, e:e + 1]
+        # each token through its top_k experts only: gather_mm picks the expert matrices
+        # [T, 1, 1, H] x gate_up[idx] -> [T, k, 1, 2I]
+        gu = mx.gather_mm(h[:, None, None, :], p["gate_up"], rhs_indices=idx)[:, :, 0]
+        gu = gu + p["gate_up_bias"][idx]
+        gate = mx.minimum(gu[..., ::2], limit)
+        up = mx.clip(gu[..., 1::2], -limit, limit)
+        act = (up + 1) * gate * mx.sigmoid(gate * alpha)
+        y = mx.gather_mm(act[:, :, None, :], p["down"], rhs_indices=idx)[:, :, 0]
+        y = y + p["down_bias"][idx]
+        out = (y.astype(mx.float32) * weights[:, :, None]).sum(axis=1)
         return x + out.astype(x.dtype)
 
     # -- the forward -----------------------------------------------------------------------

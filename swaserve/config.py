@@ -90,7 +90,8 @@ class EngineConfig:
     int8_weights: bool = field(default=True, metadata={
         "help": "decode batches multiply the GGUF's quantized weights as int8 blocks, half "
                 "the bytes of bf16: up to 6 rows the exact weights (AVX-512 VNNI), up to 32 "
-                "their bf16 values (AMX); bf16 on a CPU with a C compiler"})
+                "their bf16 values (AMX); bf16 on a CPU with a C compiler. device mlx: Q8_0, Q5_0 "
+                "and Q4_K weights through MLX's quantized matmul, exactly (not in float32)"})
     overlap: bool | None = field(default=None, metadata={
         "help": "schedule and prepare the next step while the current one computes (default: "
                 "on a GPU; off on a CPU, whose cores the forward keeps busy: a step there took "

@@ -130,11 +130,15 @@ def test_unsupported_options_fail_clearly(hybrid):
 def test_bundled_model_answers_on_mlx():
     """The bundled Gemma 3 270M (bf16) on device="mlx" through the offline API: France's
     capital in a few greedy tokens, and the first tokens the torch backend gives (bf16
-    matmuls round differently between the backends, so only the start is compared)."""
+    matmuls round differently between the backends, so only the start is compared). Its
+    Q8_0 / Q5_0 / Q4_K weights go through MLX's quantized matmul, the Q6_K ones dense."""
     from swaserve.entrypoints.llm import LLM
 
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    texts = [LLM(device=d).generate(["The capital of France is"], params)[0].outputs[0].text
-             for d in ("mlx", "cpu")]
+    llms = {d: LLM(device=d) for d in ("mlx", "cpu")}
+    quant = llms["mlx"].engine.model.quant
+    assert "lm_head" in quant and len(quant) > 60, sorted(quant)
+    texts = [llm.generate(["The capital of France is"], params)[0].outputs[0].text
+             for llm in llms.values()]
     assert "Paris" in texts[0] or "capital" in texts[0]
     assert texts[0].split()[:3] == texts[1].split()[:3]

@@ -43,6 +43,7 @@ import torch
 
 from swaserve import profile
 from swaserve.checkpoint.source import resolve_model
+from swaserve.checkpoint.weights import load_q8_weights
 from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.shard import local_config
@@ -125,8 +126,10 @@ class Engine:
         # device "mlx": the forward and the KV data in MLX (swaserve/mlx/); the index
         # tables, the sampler's inputs and everything that decides stay torch on the CPU
         self.mlx = config.device == "mlx"
-        if self.mlx:
+        mlx_quantized = False
+        if self.mlx:  # the GGUF's quantized weights go to MLX's own format, not torch's int8
             _check_mlx(config)
+            mlx_quantized = config.int8_weights and config.dtype != "float32"
             config = dataclasses.replace(config, int8_weights=False)
         self.device = torch.device("cpu" if self.mlx else config.device)
         self.dtype = TORCH_DTYPES[config.dtype]
@@ -154,7 +157,8 @@ class Engine:
         if self.mlx:
             from swaserve.mlx.cache import MLXKV
             from swaserve.mlx.model import MLXCausalLM
-            self.model = MLXCausalLM(self.model, MLXKV(self.cache, self.dtype))
+            quant = (load_q8_weights(self.source, cfg.num_layers) if mlx_quantized else None)
+            self.model = MLXCausalLM(self.model, MLXKV(self.cache, self.dtype), quant)
         if self.tp is not None:
             self.cache.copy_log = []
             self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)

@@ -11,9 +11,11 @@ import math
 
 import torch
 
+from swaserve.kernels.q8 import Q8Weight
 from swaserve.memory.layout import LayerKind
 from swaserve.mlx import require
 from swaserve.mlx.cache import MLXKV, to_mx, to_torch
+from swaserve.mlx.quant import QuantizedLinear, quantized
 from swaserve.mlx.step import StepGraph
 from swaserve.models.base import CausalLM
 from swaserve.models.context import ForwardContext
@@ -35,16 +37,22 @@ class MLXCausalLM:
     array the MLXSampler (mlx/sampler.py) samples from; the step's one `mx.eval`
     (`evaluate`) computes them, the KV arrays they wrote and the tokens together."""
 
-    def __init__(self, model: CausalLM, kv: MLXKV):
+    def __init__(self, model: CausalLM, kv: MLXKV, quantized: dict[str, Q8Weight] | None = None):
         self.mx = mx = require()
         self.cfg, self.kv = model.cfg, kv
         self.family = _family(model.layers[0])
         self.dtype = to_mx(model.embed[:1]).dtype
-        self.embed = to_mx(model.embed)
-        self.head = self.embed if model.lm_head is None else to_mx(model.lm_head)
+        self.quant = self._quantized(model, quantized or {})
+        head = self.quant.get("lm_head")
+        tied = model.lm_head is None
+        # a quantized tied head is the embedding too: rows are dequantized as they are looked up
+        self.embed = None if head is not None and tied else to_mx(model.embed)
+        self.head = (None if head is not None else self.embed if tied
+                     else to_mx(model.lm_head))
         self.final_norm = to_mx(model.final_norm)
         self.layers = [{name: to_mx(p) for name, p in layer.named_parameters(recurse=False)
-                        if p is not None} for layer in model.layers]
+                        if p is not None and f"{i}.{name}" not in self.quant}
+                       for i, layer in enumerate(model.layers)]
         self.meta = [(layer.sliding, layer.num_heads, layer.num_kv_heads, layer.head_dim)
                      for layer in model.layers]
         self.moe = ([(layer.top_k, layer.alpha, layer.limit) for layer in model.layers]
@@ -57,7 +65,33 @@ class MLXCausalLM:
         self.attn = None  # the runner sets its torch attention here; unused
         self.step = StepGraph(on_lost=kv.reset)
         self._indices: dict[int, object] = {}  # this forward's context tensors (_index)
-        mx.eval(self.embed, self.head, *[a for d in self.layers for a in d.values()])
+        mx.eval(*(a for a in (self.embed, self.head) if a is not None),
+                *[a for d in self.layers for a in d.values()],
+                *[a for q in self.quant.values() for a in (q.wq, q.scales, q.biases)])
+
+    @staticmethod
+    def _quantized(model: CausalLM, weights: dict[str, Q8Weight]) -> dict[str, QuantizedLinear]:
+        """The GGUF weights (loader.load_q8_weights names) whose format MLX's quantized
+        matmul takes exactly (mlx/quant.py), where their shape is the parameter's."""
+        params = {"lm_head": model.embed if model.lm_head is None else model.lm_head}
+        for i, layer in enumerate(model.layers):
+            for name in ("qkv", "gate_up", "o", "down"):
+                params[f"{i}.{name}"] = getattr(layer, name, None)
+        out = {}
+        for name, w in weights.items():
+            p = params.get(name)
+            if p is not None and w.shape == tuple(p.shape):
+                q = quantized(w)
+                if q is not None:
+                    out[name] = q
+        return out
+
+    def _linear(self, x, i: int, name: str):
+        """x @ layer i's weight `name`.T: MLX's quantized matmul where it holds it."""
+        q = self.quant.get(f"{i}.{name}")
+        if q is None:
+            return x @ self.layers[i][name].T
+        return q.apply(x).astype(x.dtype)
 
     def same_numerics_rows(self, m: int) -> int:
         return 1 << 62  # one kernel for every row count: drafts never change a row's numbers
@@ -133,29 +167,29 @@ class MLXCausalLM:
     # -- layers ----------------------------------------------------------------------------
     def _gemma3(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
-        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T
+        qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv")
         q, k, v = self._heads(qkv, self.meta[i], rope, p)
-        x = x + self._norm(self._attend(i, q, k, v, ctx) @ p["o"].T, p["post_attn_norm"])
-        gate, up = mx.split(self._norm(x, p["ffn_norm"]) @ p["gate_up"].T, 2, axis=-1)
+        x = x + self._norm(self._linear(self._attend(i, q, k, v, ctx), i, "o"), p["post_attn_norm"])
+        gate, up = mx.split(self._linear(self._norm(x, p["ffn_norm"]), i, "gate_up"), 2, axis=-1)
         gelu = 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
-        return x + self._norm((gelu * up) @ p["down"].T, p["post_ffn_norm"])
+        return x + self._norm(self._linear(gelu * up, i, "down"), p["post_ffn_norm"])
 
     def _llama(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
-        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T
+        qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv")
         if "qkv_bias" in p:
             qkv = qkv + p["qkv_bias"]
         q, k, v = self._heads(qkv, self.meta[i], rope, p)
-        x = x + self._attend(i, q, k, v, ctx) @ p["o"].T
-        gate, up = mx.split(self._norm(x, p["ffn_norm"]) @ p["gate_up"].T, 2, axis=-1)
-        return x + (gate * mx.sigmoid(gate) * up) @ p["down"].T
+        x = x + self._linear(self._attend(i, q, k, v, ctx), i, "o")
+        gate, up = mx.split(self._linear(self._norm(x, p["ffn_norm"]), i, "gate_up"), 2, axis=-1)
+        return x + self._linear(gate * mx.sigmoid(gate) * up, i, "down")
 
     def _gpt_oss(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
-        qkv = self._norm(x, p["attn_norm"]) @ p["qkv"].T + p["qkv_bias"]
+        qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv") + p["qkv_bias"]
         q, k, v = self._heads(qkv, self.meta[i], rope, p)
         o = self._attend(i, q, k, v, ctx, sinks=p["sinks"].astype(q.dtype))
-        x = x + o @ p["o"].T + p["o_bias"]
+        x = x + self._linear(o, i, "o") + p["o_bias"]
         h = self._norm(x, p["ffn_norm"])
         top_k, alpha, limit = self.moe[i]
         logits = h @ p["router"].T + p["router_bias"]
@@ -196,7 +230,9 @@ class MLXCausalLM:
         mx = self.mx
         self._indices = {}
         self.kv.replay()
-        x = self.embed[to_mx(ctx.input_ids)]
+        ids = to_mx(ctx.input_ids)
+        x = (self.embed[ids] if self.embed is not None
+             else self.quant["lm_head"].rows(ids).astype(self.dtype))
         if self.scale_embeddings:
             x = x * mx.array(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
         rope = {}
@@ -213,7 +249,9 @@ class MLXCausalLM:
 
     def _logits(self, x):
         mx = self.mx
-        logits = (self._norm(x, self.final_norm) @ self.head.T).astype(mx.float32)
+        h = self._norm(x, self.final_norm)
+        head = self.quant.get("lm_head")
+        logits = (h @ self.head.T if head is None else head.apply(h)).astype(mx.float32)
         cap = self.cfg.final_logit_softcapping
         return mx.tanh(logits / cap) * cap if cap else logits
 

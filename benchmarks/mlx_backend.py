@@ -1,5 +1,7 @@
 """MLX backend vs torch backend on the same model and machine: median decode step time at
-batch 1 and 8 and a 128-token prefill, engines alternating (`--repeats` rounds). On Linux
+batch 1 and 8 and a 128-token prefill, engines alternating (`--repeats` rounds). Each
+backend as it runs by default (torch: int8 copies of the GGUF's blocks; MLX: its quantized
+matmul on the Q8_0 / Q5_0 / Q4_K weights), and MLX with every weight dequantized. On Linux
 this is MLX's CPU build; on Apple silicon it is Metal.
 
     python benchmarks/mlx_backend.py [--model PATH] [--repeats 3]
@@ -40,8 +42,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    engines = {d: Engine(model=args.model, device=d, prefix_cache=False, int8_weights=False)
-               for d in ("cpu", "mlx")}
+    engines = {name: Engine(model=args.model, device=d, prefix_cache=False, int8_weights=q)
+               for name, d, q in (("torch", "cpu", True), ("mlx", "mlx", True),
+                                  ("mlx dense", "mlx", False))}
     cases = {"decode b1": (1, 16, 9), "decode b8": (8, 16, 9), "prefill 128": (1, 128, 1)}
     got = {(c, d): [] for c in cases for d in engines}
     for r in range(args.repeats):
@@ -49,10 +52,13 @@ def main() -> None:
             for d, eng in engines.items():
                 got[c, d].append(_time(eng, b, p, n) * 1000)
         print(f"round {r + 1}/{args.repeats} done", flush=True)
-    print(f"{'case':<12} {'torch ms':>9} {'mlx ms':>9} {'mlx / torch':>11}")
+    names = list(engines)
+    print(f"{'case':<12}" + "".join(f"{n + ' ms':>14}" for n in names)
+          + "".join(f"{n + ' / torch':>18}" for n in names[1:]))
     for c in cases:
-        a, b = statistics.median(got[c, "cpu"]), statistics.median(got[c, "mlx"])
-        print(f"{c:<12} {a:9.1f} {b:9.1f} {b / a:11.1f}")
+        ms = [statistics.median(got[c, n]) for n in names]
+        print(f"{c:<12}" + "".join(f"{m:14.1f}" for m in ms)
+              + "".join(f"{m / ms[0]:18.1f}" for m in ms[1:]))
 
 
 if __name__ == "__main__":

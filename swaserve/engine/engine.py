@@ -43,11 +43,11 @@ import torch
 
 from swaserve import profile
 from swaserve.checkpoint.source import resolve_model
-from swaserve.checkpoint.weights import load_q8_weights
 from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
+from swaserve.engine.backend import backend_for
 from swaserve.engine.faults import FaultInjector, KVLost
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
@@ -58,12 +58,11 @@ from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
-from swaserve.mlx.cache import to_torch as mlx_to_torch
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerOutput, has_penalty
+from swaserve.sampling.sampler import SamplerOutput, has_penalty
 
 log = logging.getLogger("swaserve")
 
@@ -121,17 +120,10 @@ class Engine:
         self.config = config
         threads = threads_per_rank(config)
         torch.set_num_threads(threads)
-        if str(config.device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError("device: cuda was asked for but torch sees no CUDA device")
-        # device "mlx": the forward and the KV data in MLX (swaserve/mlx/); the index
-        # tables, the sampler's inputs and everything that decides stay torch on the CPU
-        self.mlx = config.device == "mlx"
-        mlx_quantized = False
-        if self.mlx:  # the GGUF's quantized weights go to MLX's own format, not torch's int8
-            _check_mlx(config)
-            mlx_quantized = config.int8_weights and config.dtype != "float32"
-            config = dataclasses.replace(config, int8_weights=False)
-        self.device = torch.device("cpu" if self.mlx else config.device)
+        # the array library the model runs on (engine/backend.py): torch, or MLX (mlx/)
+        self.backend = backend_for(config)
+        config = self.backend.prepare(config)
+        self.device = self.backend.host_device(config)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
         # tensor parallelism: this process is rank 0 and holds one shard of everything
@@ -152,13 +144,8 @@ class Engine:
                             self.prefix_cache)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
-                             prefix_cache=self.prefix_cache,
-                             kv_device="meta" if self.mlx else None)
-        if self.mlx:
-            from swaserve.mlx.cache import MLXKV
-            from swaserve.mlx.model import MLXCausalLM
-            quant = (load_q8_weights(self.source, cfg.num_layers) if mlx_quantized else None)
-            self.model = MLXCausalLM(self.model, MLXKV(self.cache, self.dtype), quant)
+                             prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)
+        self.model = self.backend.model(self.model, self.cache, self.source)
         if self.tp is not None:
             self.cache.copy_log = []
             self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)
@@ -167,11 +154,7 @@ class Engine:
         self.scheduler = Scheduler(self.cache, config.chunk_size,
                                    aligned_chunks=config.batch_invariant)
         self.vocab_size = cfg.vocab_size
-        if self.mlx:
-            from swaserve.mlx.sampler import MLXSampler
-            self.sampler = MLXSampler(self.vocab_size, self.model.step, config.seed)
-        else:
-            self.sampler = Sampler(self.vocab_size, self.device, config.seed)
+        self.sampler = self.backend.sampler(self.vocab_size, self.device, config.seed)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
             eos |= set(self.tokenizer.eos_token_ids)
@@ -180,7 +163,7 @@ class Engine:
                                         json_bounds=config.json_bounds)
         # on a CPU the host work would take a core from the forward's threads
         self.overlap = (config.overlap if config.overlap is not None
-                        else self.device.type != "cpu" and self.tp is None)
+                        else self.backend.overlaps_by_default(self.device) and self.tp is None)
         self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
                         if self.overlap else None)
         self._inflight: _Launched | None = None
@@ -198,7 +181,8 @@ class Engine:
         self._scheduling: Batch | None = None  # the batch being prepared, until launched
         # not with overlap: the thread count would change while the worker runs a forward
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
-                         and self.device.type == "cpu" and not config.batch_invariant
+                         and self.device.type == "cpu" and self.backend.torch_threads
+                         and not config.batch_invariant
                          and not self.overlap and not os.environ.get(FIXED_THREADS_ENV)
                          and self.tp is None else None)
         self.load_seconds = time.monotonic() - t0
@@ -458,13 +442,12 @@ class Engine:
                 logits = logits[[o[0] for o in owners]]
             if self.logits_log is not None:
                 # copies: the next forward may reuse the logits' buffer (CausalLM.forward)
-                host = logits if not self.mlx else mlx_to_torch(logits)
+                host = self.backend.to_host(logits)
                 for (_, req), row, lg in zip(owners, rows, host):
                     self.logits_log.append((req.request_id, row.position,
                                             lg.detach().float().cpu().clone()))
             out = self.sample_stage.sample(logits, rows, owners)
-            if self.mlx:  # the lazy forward, if no row's sampling evaluated it
-                self.model.step.evaluate()
+            self.backend.end_step()
             return out, t2 - t1, time.perf_counter() - t2
 
         result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)
@@ -633,16 +616,6 @@ class Engine:
         self.cache.check_integrity()
         for r in self.requests.values():
             r.check()
-
-
-def _check_mlx(config: EngineConfig) -> None:
-    """What the MLX backend does not run yet fails here, before any loading."""
-    from swaserve.mlx import require
-    require()
-    for name, on in (("tensor_parallel_size > 1", config.tensor_parallel_size > 1),
-                     ("batch_invariant", config.batch_invariant)):
-        if on:
-            raise ValueError(f"device: mlx does not support {name} yet")
 
 
 def _run_now(compute):

@@ -30,6 +30,7 @@ class KVCache:
         pools then keep their shapes and byte counts, and `copy_log` their data moves."""
         kv_device = kv_device or device
         self.layout = layout
+        self.dtype = dtype
         self.plan = plan
         self.page_size = plan.page_size
         self.device = device

@@ -235,3 +235,33 @@ def hybrid_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("mlx_sampler_hybrid")
     write_tiny_gemma3(path, HYBRID, seed=5)
     return str(path)
+
+
+def test_the_server_on_mlx_answers_the_openai_client_like_cpu(tiny_with_tokenizer):
+    """The OpenAI server over an MLX engine (its engine thread makes its own MLX streams):
+    concurrent seeded completions, streamed and not, with logprobs, and a bad request
+    beside them that gets a 400 and costs them nothing; the text equals the cpu server's."""
+    import asyncio
+
+    import openai
+    from conftest import inprocess_app, run_client
+
+    async def ask(client, http):
+        kw = {"model": "tiny", "max_tokens": 12, "temperature": 0.9, "top_p": 0.95}
+        calls = [client.completions.create(prompt=f"hello {i}", seed=i, logprobs=2, **kw)
+                 for i in range(4)]
+        calls.append(client.completions.create(prompt="hello", seed=9, stream=True, **kw))
+        calls.append(client.completions.create(prompt="hello", top_p=7.0, model="tiny"))
+        got = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(got[-1], openai.BadRequestError) and "top_p" in str(got[-1])
+        streamed = "".join([c.choices[0].text async for c in got[4]])
+        return [r.choices[0].text for r in got[:4]] + [streamed]
+
+    texts = {}
+    for device in ("cpu", "mlx"):
+        apps = inprocess_app(tiny_with_tokenizer, device=device, kv_memory="16MiB",
+                             max_model_len=256)
+        app = next(apps)
+        texts[device] = run_client(app, ask)
+        next(apps, None)  # shuts it down and checks its memory is whole
+    assert texts["mlx"] == texts["cpu"] and all(texts["cpu"])

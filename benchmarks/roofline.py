@@ -12,12 +12,12 @@ prompt of each length, each beside its bound and the share of it achieved:
   prefill: FLOPs / compute ceiling (full layers' attention is quadratic in length, the
           sliding layers' linear past the window: both are printed)
 
-Then a per-step breakdown (swaserve/profile.py) at batch 32 and at prefill 512: LM head,
+Then a per-step breakdown (swaserve/profile.py) at batch 32 (`--profile-batches`) and at prefill 512: LM head,
 projections, attention, norms and activations, the fused decode call, sampling, and the
 host work (scheduling, preparing inputs, postprocessing, the rest of the step).
 
     python benchmarks/roofline.py [--batches 1 8 32 64 128] [--prefill 512 2048]
-                                  [--steps 24] [--json out.json]
+                                  [--steps 24] [--profile-batches 32 128] [--json out.json]
 """
 
 from __future__ import annotations
@@ -165,9 +165,11 @@ def breakdown(profiler, steps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--prefill", type=int, nargs="*", default=[512, 2048])
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--profile-batches", type=int, nargs="*", default=[32],
+                    help="decode batch sizes to break down by part")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -201,9 +203,9 @@ def main() -> None:
         rows.append({"workload": f"decode batch {b}", "tok_s": b / step_s,
                      "ms_step": 1000 * step_s, "bound": kind, "bound_ms": 1000 * bound,
                      "share": bound / step_s, "gflop": flops / 1e9})
-        if b == 32:
+        if b in args.profile_batches:
             _, profiler = decode_run(eng, b, args.steps, args.prompt_len, profile=True)
-            profiles["decode batch 32"] = breakdown(profiler, args.steps)
+            profiles[f"decode batch {b}"] = breakdown(profiler, args.steps)
     del eng
     for length in args.prefill:
         log(f"[prefill] {length} tokens")

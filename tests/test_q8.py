@@ -328,3 +328,70 @@ def test_one_header_holds_every_kernels_signature_and_flags():
     flags = build.constants()
     assert flags["Q8_BF16_OUT"] == 4 and q8.MAX_ROWS == flags["Q8_MAX_ROWS"]
     assert len(sig["decode_layers"][1]) == 14 and sig["rms_norm_bf16"][0] is None
+
+
+@amx
+@pytest.mark.parametrize("m,n", [(7, 4096), (32, 1552), (33, 48), (128, 8192)])
+def test_amx_argmax_is_the_argmax_of_its_sums(m, n):
+    """Q8_ARGMAX_OUT: the first index of each row's largest float32 sum, as argmax of what
+    q8_amx writes; a tie (outputs 3 and n/2 have the same weights, and row 1 makes them
+    the largest) goes to the first, a NaN sum declines."""
+    g = torch.Generator().manual_seed(m)
+    q = torch.randint(-128, 128, (n, 64), generator=g, dtype=torch.int8)
+    q[3] = q[n // 2] = 127
+    scales = torch.rand(n, 2, generator=g) * 0.02 + 1e-4
+    scales[3] = scales[n // 2] = 0.05
+    w = q8.Q8Weight(q, scales).to_tiles()
+    x = torch.randn(m, 64, generator=g).to(torch.bfloat16)
+    x[0] = 0  # every sum 0: index 0
+    x[1] = 1
+    sums = w.matmul(x, kernel="amx")
+    got = w.argmax(x, kernel="amx")
+    assert torch.equal(got, sums.argmax(-1))
+    assert got[0].item() == 0 and got[1].item() == 3
+    x[2, 5] = float("nan")
+    assert w.argmax(x, kernel="amx") is None
+
+
+def test_argmax_declines_where_amx_does_not_take_the_rows():
+    w = random_weight(64, 64, 0)  # rows layout: not the tiles' kernel
+    assert w.argmax(torch.zeros(8, 64, dtype=torch.bfloat16)) is None
+
+
+@amx
+def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, monkeypatch):
+    """A bf16 engine with an int8 LM head: a batch of plain greedy rows (more than the VNNI
+    kernel takes) gets its tokens from the head's argmaxes, and they are the tokens of the
+    logits path (taken when logits are logged, or when a row samples)."""
+    from conftest import HYBRID, random_prompt, write_tiny_gemma3
+
+    from swaserve.engine.engine import Engine
+    from swaserve.sampling.params import SamplingParams
+
+    write_tiny_gemma3(tmp_path, HYBRID, seed=9)
+    eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256,
+                 prefix_cache=False)  # each run computes its prompts alike
+    head = eng.model.embed.float()
+    scales = head.view(128, 1, 32).abs().amax(-1) / 127
+    q = torch.round(head / scales).to(torch.int8)
+    eng.model.use_q8({"lm_head": q8.Q8Weight(q, scales).to_tiles()})
+    taken = []
+    real = q8.Q8Weight.argmax
+    monkeypatch.setattr(q8.Q8Weight, "argmax", lambda self, x, kernel=None: (
+        taken.append(x.shape[0]), real(self, x, kernel))[1])
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [random_prompt(5 + 3 * i, i) for i in range(9)]
+
+    def run(log: bool, params: list[SamplingParams]):
+        eng.logits_log = [] if log else None
+        reqs = [eng.add_request(p, q)[0] for p, q in zip(prompts, params)]
+        while eng.has_unfinished():
+            eng.step()
+        return [r.output_token_ids for r in reqs]
+
+    fast = run(False, [greedy] * 9)
+    assert taken and all(m > q8.VNNI_ROWS for m in taken)
+    taken.clear()
+    assert run(True, [greedy] * 9) == fast and not taken
+    seeded = SamplingParams(temperature=1.0, seed=1, max_tokens=12, ignore_eos=True)
+    assert run(False, [greedy] * 8 + [seeded])[:8] == fast[:8] and not taken

@@ -62,7 +62,7 @@ from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import SamplerOutput, has_penalty
+from swaserve.sampling.sampler import SamplerOutput, has_penalty, plain_greedy
 
 log = logging.getLogger("swaserve")
 
@@ -422,6 +422,9 @@ class Engine:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
         rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
+        # a greedy batch needs no logits, only their argmaxes (the LM head can give those)
+        prepared.ctx.argmax_only = (self.logits_log is None and len(owners) == len(
+            prepared.ctx.logits_indices) and all(plain_greedy(r) for r in rows))
         for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
             s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1

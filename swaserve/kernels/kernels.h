@@ -13,6 +13,8 @@
 #define Q8_HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
 #define Q8_F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
 #define Q8_BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
+#define Q8_ARGMAX_OUT 8 /* q8_amx: y is int64 [m], each row's first index of its largest float32
+                           sum (the argmax of the sums it would write); -3 if a sum is NaN */
 /* q8.c: rows of activations one call takes */
 #define Q8_MAX_ROWS 8      /* q8_matvec */
 #define Q8_VNNI_MAX_ROWS 8 /* q8_vnni */

@@ -303,6 +303,7 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
  * [N/16][K/32][(2,) 16]. A thread takes pairs of column blocks; up to 32 rows it widens
  * each block as it uses it, with more rows it widens a pair over all of K once and reuses
  * it for every 32 rows. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -325,8 +326,10 @@ typedef struct {
     const float *po;     /* offsets (or NULL) */
     void *y;             /* [m, n] float32, or bf16 with Q8_BF16_OUT */
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
-    int flags;           /* Q8_HALVES, Q8_F16_SCALES, Q8_BF16_OUT */
+    int flags;           /* Q8_HALVES, Q8_F16_SCALES, Q8_BF16_OUT, Q8_ARGMAX_OUT */
     int rc;
+    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
+    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
 } amx_job_t;
 
 /* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1,
@@ -415,6 +418,44 @@ static void store_c(void *yv, int64_t ldy, int rows0, int rows1, int two, float 
     }
 }
 
+/* Q8_ARGMAX_OUT: C tiles 0-3 folded into each row's lane-wise maxima instead of written.
+ * Columns come in increasing order in a lane (a job's blocks, then its two column blocks),
+ * so a strictly greater sum keeps the first column of a tie. Returns whether a sum is NaN
+ * (the caller then computes the logits instead: NaN orders like nothing here). */
+static int argmax_c(const amx_job_t *j, int64_t m0, int rows0, int rows1, int two,
+                    int64_t cb, float *stage) {
+    _tile_stored(0, stage, 64);
+    if (two) _tile_stored(1, stage + 256, 64);
+    if (rows1 > 0) {
+        _tile_stored(2, stage + 512, 64);
+        if (two) _tile_stored(3, stage + 768, 64);
+    }
+    const __m512i col0 = _mm512_add_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32((int)(cb * 16)));
+    const __m512i col1 = _mm512_add_epi32(col0, _mm512_set1_epi32(16));
+    __mmask16 nan = 0;
+    for (int i = 0; i < 2; i++) {
+        const int rows = i == 0 ? rows0 : rows1;
+        for (int r = 0; r < rows; r++) {
+            float *bv = j->best + (m0 + i * 16 + r) * 16;
+            int32_t *bi = j->at + (m0 + i * 16 + r) * 16;
+            __m512 best = _mm512_load_ps(bv);
+            __m512i at = _mm512_load_si512((const void *)bi);
+            for (int t = 0; t <= two; t++) {
+                const __m512 v = _mm512_load_ps(stage + i * 512 + t * 256 + r * 16);
+                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+                best = _mm512_mask_mov_ps(best, gt, v);
+                at = _mm512_mask_mov_epi32(at, gt, t ? col1 : col0);
+            }
+            _mm512_store_ps(bv, best);
+            _mm512_store_si512((void *)bi, at);
+        }
+    }
+    return nan != 0;
+}
+
 static void *amx_run(void *arg) {
     amx_job_t *j = (amx_job_t *)arg;
     const int64_t nkb = j->k / BLOCK;
@@ -467,6 +508,10 @@ static void *amx_run(void *arg) {
                     if (two) _tile_dpbf16ps(3, 5, 7);
                 }
             }
+            if (j->flags & Q8_ARGMAX_OUT) {
+                if (argmax_c(j, m0, rows0, rows1, two, cb, stage)) j->rc = -3;
+                continue;
+            }
             const int64_t at = m0 * j->n + cb * 16;
             const int bf16 = j->flags & Q8_BF16_OUT;
             store_c(bf16 ? (void *)((uint16_t *)j->y + at) : (void *)((float *)j->y + at), j->n,
@@ -504,15 +549,42 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
                 memcpy(xp + m0 * k + (kb * rows + r) * 32, x + (m0 + r) * k + kb * 32, 64);
     }
     x = xp;
+    const int argmax = flags & Q8_ARGMAX_OUT;
+    float *best = 0;
+    int32_t *at = 0;
+    if (argmax) {  /* each job's lane-wise maxima of every row: -inf, at no column */
+        best = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(float));
+        at = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(int32_t));
+        if (!best || !at) { free(best); free(at); free(xp); return -1; }
+        for (int64_t i = 0; i < njobs * m * 16; i++) { best[i] = -INFINITY; at[i] = INT32_MAX; }
+    }
     for (int t = 0; t < njobs; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
-        jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0};
+        jobs[t] = (amx_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0,
+                              argmax ? best + t * m * 16 : 0, argmax ? at + t * m * 16 : 0};
     }
     parallel(amx_run, jobs, sizeof(amx_job_t), njobs, threads);
     int rc = 0;
     for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
+    if (argmax && rc == 0) {  /* the largest of every job's lanes; a tie to the first column */
+        int64_t *tokens = (int64_t *)y;
+        for (int64_t i = 0; i < m; i++) {
+            float v = -INFINITY;
+            int64_t c = INT64_MAX;
+            for (int64_t l = 0; l < (int64_t)njobs * 16; l++) {
+                const int64_t e = (l / 16) * m * 16 + i * 16 + l % 16;
+                if (at[e] != INT32_MAX && (best[e] > v || (best[e] == v && at[e] < c))) {
+                    v = best[e];
+                    c = at[e];
+                }
+            }
+            tokens[i] = c == INT64_MAX ? 0 : c;  /* every sum -inf: the first, as argmax */
+        }
+    }
+    free(best);
+    free(at);
     free(xp);
     return rc;
 }

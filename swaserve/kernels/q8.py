@@ -40,8 +40,9 @@ PROMPT_AMX_ROWS = 32
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
-_HALVES, _F16_SCALES, _BF16_OUT = (build.constants()[f"Q8_{n}"]  # the tile kernels' flags
-                                   for n in ("HALVES", "F16_SCALES", "BF16_OUT"))
+_HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT = (
+    build.constants()[f"Q8_{n}"]  # the tile kernels' flags
+    for n in ("HALVES", "F16_SCALES", "BF16_OUT", "ARGMAX_OUT"))
 _amx_ok: bool | None = None
 _vnni_ok: bool | None = None
 
@@ -302,6 +303,22 @@ class Q8Weight:
         if y is None or out is y:
             return y
         return out.copy_(y) if out is not None else y.to(dtype)
+
+    def argmax(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor | None:
+        """int64 [M]: each row's first index of its largest x @ W.T sum, without writing the
+        sums: `matmul(x, kernel=kernel).argmax(-1)` exactly (the same float32 sums, ties to
+        the first). On q8_amx only: None where another kernel would take x, or a sum is NaN."""
+        if (not self.tiled or x.dtype != torch.bfloat16 or x.dim() != 2
+                or x.shape[1] != self.shape[1]
+                or tile_kernel(x.shape[0], kernel, any_rows=True) != "amx"):
+            return None
+        tokens = torch.empty(x.shape[0], dtype=torch.int64)
+        x = x.contiguous()
+        offsets = 0 if self.offsets is None else self.offsets.data_ptr()
+        rc = amx_entry()(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets,
+                         self.tile_flags | _ARGMAX_OUT, tokens.data_ptr(), x.shape[0],
+                         self.shape[0], x.shape[1], torch.get_num_threads())
+        return tokens if rc == 0 else None
 
     @property
     def tile_flags(self) -> int:

@@ -18,7 +18,7 @@ from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import Q8Weight, same_kernel_rows
 from swaserve.models.attention import AttentionBackend, SDPABackend
-from swaserve.models.context import ForwardContext
+from swaserve.models.context import Argmaxes, ForwardContext
 from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
@@ -222,10 +222,16 @@ class CausalLM(nn.Module):
         return self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
 
     @timed("lm head")
-    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | None:
+    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | Argmaxes | None:
         """Logits of final-normed hidden rows (soft-capped where the family caps them);
-        under tensor parallelism rank 0 gets all of them and the other ranks None."""
+        under tensor parallelism rank 0 gets all of them and the other ranks None. With
+        `ctx.argmax_only`, their argmaxes where the int8 head's AMX kernel takes the rows."""
         logits = None
+        if (ctx.argmax_only and self.lm_head_q8 is not None and self.tp is None
+                and not self.cfg.final_logit_softcapping):
+            tokens = self.lm_head_q8.argmax(x, ctx.q8_kernel)
+            if tokens is not None:
+                return Argmaxes(tokens, self.lm_head_q8.shape[0])
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
             logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
                                             kernel=ctx.q8_kernel)

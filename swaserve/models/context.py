@@ -85,3 +85,23 @@ class ForwardContext:
     # any chunk (a prefix hit recomputes a short tail of what a cold run did in one chunk)
     q8_kernel: str | None = None
     score: PromptScore | None = None  # prompt rows whose logprobs are asked for
+    # every sampled row is plain greedy (no edits, no logprobs), one row per logits row:
+    # the model may return their argmaxes (Argmaxes, below) for the logits
+    argmax_only: bool = False
+
+
+@dataclass
+class Argmaxes:
+    """Stands in for a step's logits when every row is plain greedy: each row's first index
+    of its largest logit, computed where the logits were (the int8 LM head,
+    Q8Weight.argmax) instead of writing [rows, V] floats and reading them back."""
+
+    tokens: torch.Tensor  # int64 [rows]
+    vocab: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.tokens.shape[0], self.vocab)
+
+    def __getitem__(self, rows) -> Argmaxes:
+        return Argmaxes(self.tokens[rows], self.vocab)

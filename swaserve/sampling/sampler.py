@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swaserve.models.context import Argmaxes
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 
@@ -243,7 +244,11 @@ class Sampler:
         return out
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor | Argmaxes, rows: list[SamplerRow]) -> SamplerOutput:
+        if isinstance(logits, Argmaxes):
+            if not all(plain_greedy(r) for r in rows):
+                raise ValueError("the model returned argmaxes for rows that sample")
+            return SamplerOutput(logits.tokens, None, None, None, [])
         if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)

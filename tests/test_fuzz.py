@@ -1,7 +1,8 @@
 """Schema-driven fuzzing: schemathesis generates bodies from the app's own OpenAPI schema
 (valid ones and ones that break it) for every POST route and sends them to the app in
 process. Nothing may answer 5xx, and every error is in OpenAI's shape. Bounded: a fixed
-number of examples per route, on a tiny model with a short context."""
+number of examples per route, on a tiny model with a short context, on the torch backend
+and on the MLX one (its sampler and lazy step take every sampling parameter too)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
+from swaserve.mlx import available as mlx_available
+
 EXAMPLES = 60
 
 
-@pytest.fixture(scope="module")
-def api_schema(tiny_with_tokenizer):
+@pytest.fixture(scope="module", params=["cpu", pytest.param("mlx", marks=pytest.mark.skipif(
+    not mlx_available(), reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"))])
+def api_schema(request, tiny_with_tokenizer):
     from swaserve.engine.engine import Engine
     from swaserve.server.app import create_app
     from swaserve.server.async_engine import AsyncEngine
 
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", kv_memory="16MiB",
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=request.param, kv_memory="16MiB",
                  max_running_requests=16, max_model_len=96, page_size=4, chunk_size=64)
     aeng = AsyncEngine(eng, max_waiting=64)
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(aeng, "tiny"))

@@ -10,9 +10,12 @@ import pytest
 from swaserve.engine.engine import Engine
 from swaserve.engine.faults import FaultInjector, InjectedFault
 from swaserve.engine.request import FinishReason
+from swaserve.mlx import available as mlx_available
 from swaserve.sampling.params import SamplingParams
 
 pytest.importorskip("llguidance")
+MLX = pytest.mark.skipif(not mlx_available(), reason="mlx is not installed "
+                         "(pip install \"mlx[cpu]\" on Linux)")
 
 
 def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
@@ -47,19 +50,23 @@ def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
     return eng, reqs
 
 
-@pytest.mark.parametrize("stage, victim, arm_after, overlap", [
-    ("sampler", "r1", 0, False),  # at the prompt's first token
-    ("sampler", "r5", 4, True),  # mid-decode, with the next step already in flight
-    ("detokenizer", "r2", 3, False),
-    ("detokenizer", "r0", 0, True),
-    ("grammar", "r4", 2, False),  # the mask of one of two grammar rows
-    ("grammar", "r6", 0, True),
+@pytest.mark.parametrize("stage, victim, arm_after, overlap, device", [
+    ("sampler", "r1", 0, False, "cpu"),  # at the prompt's first token
+    ("sampler", "r5", 4, True, "cpu"),  # mid-decode, with the next step already in flight
+    ("detokenizer", "r2", 3, False, "cpu"),
+    ("detokenizer", "r0", 0, True, "cpu"),
+    ("grammar", "r4", 2, False, "cpu"),  # the mask of one of two grammar rows
+    ("grammar", "r6", 0, True, "cpu"),
+    pytest.param("sampler", "r1", 0, False, "mlx", marks=MLX),  # the MLX sampler's graph
+    pytest.param("sampler", "r5", 4, True, "mlx", marks=MLX),
+    pytest.param("grammar", "r4", 2, True, "mlx", marks=MLX),
 ])
-def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_after, overlap):
-    _, clean = run(tiny_with_tokenizer, overlap=overlap)
+def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_after, overlap,
+                                      device):
+    _, clean = run(tiny_with_tokenizer, overlap=overlap, device=device)
     faults = FaultInjector()
     faults.arm(stage, victim)
-    eng, hurt = run(tiny_with_tokenizer, faults, arm_after, overlap=overlap)
+    eng, hurt = run(tiny_with_tokenizer, faults, arm_after, overlap=overlap, device=device)
     for a, b in zip(clean, hurt):
         if a.request_id == victim:
             assert b.finish_reason is FinishReason.ERROR
@@ -73,11 +80,13 @@ def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_af
     assert eng.cache.is_fully_free()
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_tokenizer, overlap):
+@pytest.mark.parametrize("overlap, device", [(False, "cpu"), (True, "cpu"),
+                                             pytest.param(True, "mlx", marks=MLX)])
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_tokenizer, overlap,
+                                                                 device):
     faults = FaultInjector()
     faults.arm("forward", "r3")  # no request can be blamed for a forward's failure
-    eng, reqs = run(tiny_with_tokenizer, faults, arm_after=2, overlap=overlap)
+    eng, reqs = run(tiny_with_tokenizer, faults, arm_after=2, overlap=overlap, device=device)
     failed = [r for r in reqs if r.finish_reason is FinishReason.ERROR]
     assert failed and all("engine step" in r.error.message for r in failed)
     assert any(r.request_id == "r3" for r in failed)
@@ -89,7 +98,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_token
     again = eng.add_request(prompt, params, request_id="after")[0]
     while eng.has_unfinished():
         eng.step()
-    _, fresh = run(tiny_with_tokenizer, overlap=overlap)
+    _, fresh = run(tiny_with_tokenizer, overlap=overlap, device=device)
     assert again.output_token_ids == fresh[2].output_token_ids
     assert eng.cache.is_fully_free()
 

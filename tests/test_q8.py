@@ -345,17 +345,23 @@ def test_amx_argmax_is_the_argmax_of_its_sums(m, n):
     x = torch.randn(m, 64, generator=g).to(torch.bfloat16)
     x[0] = 0  # every sum 0: index 0
     x[1] = 1
-    sums = w.matmul(x, kernel="amx")
-    got = w.argmax(x, kernel="amx")
+    sums = w.matmul(x)  # a decode step's kernel for m rows: q8_amx past VNNI_ROWS
+    got = w.argmax(x)
     assert torch.equal(got, sums.argmax(-1))
     assert got[0].item() == 0 and got[1].item() == 3
     x[2, 5] = float("nan")
-    assert w.argmax(x, kernel="amx") is None
+    assert w.argmax(x) is None
 
 
 def test_argmax_declines_where_amx_does_not_take_the_rows():
     w = random_weight(64, 64, 0)  # rows layout: not the tiles' kernel
     assert w.argmax(torch.zeros(8, 64, dtype=torch.bfloat16)) is None
+    if q8.amx_available():  # a prompt step past PROMPT_AMX_ROWS multiplies in bf16
+        t = w.to_tiles()
+        x = torch.zeros(q8.PROMPT_AMX_ROWS + 1, 64, dtype=torch.bfloat16)
+        assert not t.takes(x, "amx") and t.argmax(x, "amx") is None
+        assert t.argmax(x[:q8.PROMPT_AMX_ROWS], "amx") is not None
+        assert t.argmax(x[:q8.VNNI_ROWS]) is None  # q8_vnni's rows
 
 
 @amx

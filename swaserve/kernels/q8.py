@@ -307,10 +307,11 @@ class Q8Weight:
     def argmax(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor | None:
         """int64 [M]: each row's first index of its largest x @ W.T sum, without writing the
         sums: `matmul(x, kernel=kernel).argmax(-1)` exactly (the same float32 sums, ties to
-        the first). On q8_amx only: None where another kernel would take x, or a sum is NaN."""
-        if (not self.tiled or x.dtype != torch.bfloat16 or x.dim() != 2
-                or x.shape[1] != self.shape[1]
-                or tile_kernel(x.shape[0], kernel, any_rows=True) != "amx"):
+        the first). Only where `takes(x, kernel)` and the kernel is q8_amx: None where the
+        caller would multiply otherwise (q8_vnni, or bf16 for a prompt chunk past
+        PROMPT_AMX_ROWS), or a sum is NaN."""
+        if (x.dim() != 2 or x.shape[1] != self.shape[1] or not self.takes(x, kernel)
+                or tile_kernel(x.shape[0], kernel) != "amx"):
             return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
         x = x.contiguous()

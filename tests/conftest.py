@@ -87,21 +87,28 @@ def tiny_engine(path, **kw):
     return Engine(model=path, **kw)
 
 
-def int8_copy(w: torch.Tensor):
-    """w as int8 with a float scale per 32 inputs (Q8_0's rule), in tile order."""
+def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
+    """w as int8 with a float scale per 32 inputs, in tile order: Q8_0's rule (values in
+    -127..127), Q5_0's range (-15..15) or Q4_K's form (0..15, a minimum per 32 as offset)."""
     from swaserve.kernels import q8
 
     blocks = w.float().view(w.shape[0], -1, 32)
-    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / 127
-    q = (blocks / scales[:, :, None]).round().clamp(-127, 127).to(torch.int8)
+    if kind == "q4_k":
+        lo, hi = blocks.amin(dim=2), blocks.amax(dim=2)
+        scales = (hi - lo).clamp_min(1e-8) / 15
+        q = ((blocks - lo[:, :, None]) / scales[:, :, None]).round().clamp(0, 15).to(torch.int8)
+        return q8.Q8Weight(q.view(w.shape), scales, -lo).to_tiles()
+    levels = {"q8_0": 127, "q5_0": 15}[kind]
+    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / levels
+    q = (blocks / scales[:, :, None]).round().clamp(-levels, levels).to(torch.int8)
     return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
 
 
-def use_int8_copies(eng) -> None:
+def use_int8_copies(eng, kind: str = "q8_0") -> None:
     """Give a bf16 engine's model int8 copies of its layer weights and LM head, as a GGUF's
-    quantized tensors would (the tiny checkpoints are safetensors)."""
+    quantized tensors would (the tiny checkpoints are safetensors); `kind` for the layers."""
     eng.model.use_q8({"lm_head": int8_copy(eng.model.embed),
-                      **{f"{i}.{name}": int8_copy(getattr(layer, name))
+                      **{f"{i}.{name}": int8_copy(getattr(layer, name), kind)
                          for i, layer in enumerate(eng.model.layers)
                          for name in ("qkv", "o", "gate_up", "down")}})
 

@@ -58,6 +58,27 @@ def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
     assert_same_bits(fused, plain, 3 * W)
 
 
+@pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI here")
+@pytest.mark.parametrize("kind", ["q5_0", "q4_k"])
+def test_packed_weights_give_the_int8_tiles_bits(tiny_hybrid, kind):
+    """Q5_0- and Q4_K-shaped weights: q8_vnni reads them packed in 5 and 4 bits (fused and
+    layer by layer), and gets the bits the int8 tiles give."""
+    eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=False,
+                      max_running_requests=3)
+    use_int8_copies(eng, kind)
+    weights = [w for layer in eng.model.layers for w in layer.q8.values()]
+    assert all(w.packed is not None for w in weights)
+    prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(3)]
+    fused, plain, steps = decode_runs(eng, prompts, 2 * W)
+    assert steps >= 2 * W - 2
+    assert_same_bits(fused, plain, 2 * W)
+    for w in weights:
+        w.packed = None
+    eng.model._fused = None  # rebuilt over the int8 tiles
+    unpacked, _, _ = decode_runs(eng, prompts, 2 * W)
+    assert_same_bits(fused, unpacked, 2 * W)
+
+
 def test_fused_layers_take_models_of_one_attention_kind(tiny_all_sliding, tiny_no_sliding):
     for path in (tiny_all_sliding[0], tiny_no_sliding[0]):
         eng = bf16_engine_with_int8_weights(path, max_running_requests=2)

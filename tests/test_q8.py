@@ -401,3 +401,32 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     assert run(True, [greedy] * 9) == fast and not taken
     seeded = SamplingParams(temperature=1.0, seed=1, max_tokens=12, ignore_eos=True)
     assert run(False, [greedy] * 8 + [seeded])[:8] == fast[:8] and not taken
+
+
+@pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI here")
+@pytest.mark.parametrize("kind", ["Q5_0", "Q4_K", "Q8_0", "Q6_K"])
+def test_vnni_reads_q5_0_and_q4_k_packed_with_the_same_bits(kind):
+    """Tiles of Q5_0 (q in -16..15) and Q4_K (0..15) values are also kept in 5 and 4 bits,
+    which q8_vnni reads instead of the int8 tiles: 5/8 and half the bytes, the same sums
+    bit for bit; Q8_0's and Q6_K's (a scale per 16) stay int8."""
+    import gguf
+
+    w = np.random.default_rng(3).standard_normal((64, 512)).astype(np.float32)
+    if kind in ("Q5_0", "Q8_0"):
+        read = getattr(q8.Q8Weight, f"from_{kind.lower()}_blocks")
+        weight = read(gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind)), 64, 512)
+    else:
+        weight = weight_from(kind, k_quant_blocks(kind, 64, 512, 4), 64, 512)
+    t = weight.to_tiles()
+    if kind in ("Q8_0", "Q6_K"):
+        assert t.packed is None
+        return
+    packed, _ = t.packed
+    assert packed.numel() == t.q.numel() * {"Q5_0": 5, "Q4_K": 4}[kind] // 8
+    for m in range(1, q8.VNNI_ROWS + 1):
+        x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        got = t.matmul(x, kernel="vnni")
+        keep, t.packed = t.packed, None
+        want = t.matmul(x, kernel="vnni")
+        t.packed = keep
+        assert torch.equal(got, want), m

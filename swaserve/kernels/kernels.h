@@ -15,6 +15,10 @@
 #define Q8_BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
 #define Q8_ARGMAX_OUT 8 /* q8_amx: y is int64 [m], each row's first index of its largest float32
                            sum (the argmax of the sums it would write); -3 if a sum is NaN */
+#define Q8_PACK4 16     /* q8_vnni: pq holds the tiles' values as 4-bit u = q (0..15): per
+                           block, 16 input pairs x 16 bytes, value 2b low and 2b + 1 high */
+#define Q8_PACK5 32     /* q8_vnni: 5-bit u = q + 16 (q in -16..15): those nibbles, then per
+                           pair a uint32 of the fifth bits */
 /* q8.c: rows of activations one call takes */
 #define Q8_MAX_ROWS 8      /* q8_matvec */
 #define Q8_VNNI_MAX_ROWS 8 /* q8_vnni */

@@ -156,29 +156,48 @@ static inline __m512 vnni_scales(const void *ps, int i, int f16) {
     return _mm512_loadu_ps((const float *)ps + i);
 }
 
+/* pair p of a block as 32 int16 weights: int8 tiles (BITS 8) or their 4- / 5-bit packing
+ * (Q8_PACK4 / Q8_PACK5), which gives the very same values from half or 5/8 of the bytes */
+static inline __attribute__((always_inline)) __m512i vnni_weights(const int8_t *blk, int p,
+                                                                  const int BITS) {
+    if (BITS == 8)
+        return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(blk + p * 32)));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + p * 16)), nib = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, nib), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nib);
+    __m256i u = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    if (BITS == 5) {
+        uint32_t top;
+        memcpy(&top, blk + 256 + p * 4, 4);
+        u = _mm256_or_si256(u, _mm256_maskz_set1_epi8((__mmask32)top, 16));
+        return _mm512_sub_epi16(_mm512_cvtepu8_epi16(u), _mm512_set1_epi16(16));
+    }
+    return _mm512_cvtepu8_epi16(u);
+}
+
 static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
-                                                             const int M, const int A) {
-    const int64_t nkb = j->k / 32;
+                                                             const int M, const int A,
+                                                             const int BITS) {
+    const int64_t nkb = j->k / 32, bsize = BITS == 8 ? 512 : BITS == 5 ? 320 : 256;
     const int halves = j->flags & Q8_HALVES, f16 = j->flags & Q8_F16_SCALES, groups = halves ? 2 : 1;
     const int64_t per = halves ? 32 : 16, ngroups = nkb * groups;
-    const int8_t *pq = j->pq + cb * nkb * 512;
+    const int8_t *pq = j->pq + cb * nkb * bsize;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
     __m512 f[Q8_VNNI_MAX_ROWS];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
-        const int8_t *blk = pq + kb * 512;
+        const int8_t *blk = pq + kb * bsize;
         /* the block 8 ahead (the hardware's own prefetch leaves a 1-row product waiting on
          * memory: the LM head took 13.4 ms for 168 MB, 6.9-9 ms with these) */
-        for (int l = 0; l < 8; l++) _mm_prefetch((const char *)blk + 4096 + l * 64, _MM_HINT_T0);
+        for (int l = 0; l < bsize / 64; l++)
+            _mm_prefetch((const char *)blk + 8 * bsize + l * 64, _MM_HINT_T0);
         for (int h = 0; h < groups; h++) {
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
             __m512i acc[Q8_VNNI_MAX_ROWS * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
             for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
                 for (int a = 0; a < A; a++) {
-                    const __m512i w = _mm512_cvtepi8_epi16(
-                        _mm256_loadu_si256((const __m256i *)(blk + (p + a) * 32)));
+                    const __m512i w = vnni_weights(blk, p + a, BITS);
                     for (int i = 0; i < M; i++) {
                         int32_t pair;
                         memcpy(&pair, j->xq + i * j->k + kb * 32 + 2 * (p + a), 4);
@@ -209,22 +228,32 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
     }
 }
 
+#define VNNI_ROWS_CASES(BITS)                                    \
+    switch (j->m) {                                              \
+    case 1: vnni_block(j, cb, 1, 4, BITS); break;                \
+    case 2: vnni_block(j, cb, 2, 2, BITS); break;                \
+    case 3: vnni_block(j, cb, 3, 1, BITS); break;                \
+    case 4: vnni_block(j, cb, 4, 1, BITS); break;                \
+    case 5: vnni_block(j, cb, 5, 1, BITS); break;                \
+    case 6: vnni_block(j, cb, 6, 1, BITS); break;                \
+    case 7: vnni_block(j, cb, 7, 1, BITS); break;                \
+    default: vnni_block(j, cb, 8, 1, BITS); break;               \
+    }
+
 static void *vnni_run(void *arg) {
     const vnni_job_t *j = (const vnni_job_t *)arg;
     for (int64_t cb = j->lo; cb < j->hi; cb++) {
-        switch (j->m) {
-        case 1: vnni_block(j, cb, 1, 4); break;
-        case 2: vnni_block(j, cb, 2, 2); break;
-        case 3: vnni_block(j, cb, 3, 1); break;
-        case 4: vnni_block(j, cb, 4, 1); break;
-        case 5: vnni_block(j, cb, 5, 1); break;
-        case 6: vnni_block(j, cb, 6, 1); break;
-        case 7: vnni_block(j, cb, 7, 1); break;
-        default: vnni_block(j, cb, 8, 1); break;
+        if (j->flags & Q8_PACK5) {
+            VNNI_ROWS_CASES(5)
+        } else if (j->flags & Q8_PACK4) {
+            VNNI_ROWS_CASES(4)
+        } else {
+            VNNI_ROWS_CASES(8)
         }
     }
     return 0;
 }
+#undef VNNI_ROWS_CASES
 
 /* x [m, k] bf16 as int16 per block of 32 with the power of two that puts the block's
  * largest exponent just under 2^15; the sums of x per weight group for the offsets */

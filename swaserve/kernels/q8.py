@@ -11,7 +11,9 @@ without a compiler the bf16 path is used). Two layouts:
 - row-major [N, K] for `q8_matvec` (float32 AVX-512 FMAs, up to MAX_ROWS rows, Q8_0 and
   Q5_0 only): the fallback on CPUs without AMX;
 - tiles (`to_tiles`, on CPUs with AMX or AVX-512 VNNI, for bf16 activations): each block
-  of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Up to VNNI_ROWS
+  of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Tiles of Q5_0
+  and Q4_K values are also kept packed in 5 and 4 bits (`_pack`), which q8_vnni reads
+  instead (a batch-1 step waits on the bytes it reads; the same bits come out). Up to VNNI_ROWS
   rows `q8_vnni` writes each row of activations as int16 with a power of two per 32
   inputs and multiplies the int8 values themselves (VPDPWSSD, exact integer sums per
   group, scales and offsets applied in float32): the file's exact weights, ~1e-5 from a
@@ -40,9 +42,9 @@ PROMPT_AMX_ROWS = 32
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
-_HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT = (
+_HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
     build.constants()[f"Q8_{n}"]  # the tile kernels' flags
-    for n in ("HALVES", "F16_SCALES", "BF16_OUT", "ARGMAX_OUT"))
+    for n in ("HALVES", "F16_SCALES", "BF16_OUT", "ARGMAX_OUT", "PACK4", "PACK5"))
 _amx_ok: bool | None = None
 _vnni_ok: bool | None = None
 
@@ -137,6 +139,7 @@ class Q8Weight:
         self.shape = (q.shape[0], q.shape[1])
         self.group = group
         self.tiled = False
+        self.packed: tuple[torch.Tensor, int] | None = None  # (bytes, flag): see `to_tiles`
 
     @property
     def plain(self) -> bool:
@@ -227,7 +230,33 @@ class Q8Weight:
         if torch.equal(half.float(), t.scales):  # Q8_0, Q5_0: float16 in the file
             t.scales = half
         t.shape, t.group, t.tiled = self.shape, self.group, True
+        t.packed = t._pack()
         return t
+
+    def _pack(self) -> tuple[torch.Tensor, int] | None:
+        """The tiles' values in as many bits as the file has, for q8_vnni (whose few rows
+        wait on the bytes they read; q8_amx reads the int8 tiles): Q4_K's q in 0..15 as
+        4 bits (Q8_PACK4), Q5_0's q in -16..15 as 5 bits of q + 16 (Q8_PACK5). Per block,
+        16 input pairs x 16 bytes of nibbles (values 2b and 2b + 1 in byte b), then for 5
+        bits a uint32 of fifth bits per pair. The kernel unpacks the same int16 values as
+        from the int8 tiles: the same sums, bit for bit. None for other ranges."""
+        lo, hi = int(self.q.min()), int(self.q.max())
+        if self.group != BLOCK:
+            return None
+        if self.offsets is not None and lo >= 0 and hi < 16:
+            bits, flag = 4, _PACK4
+        elif self.offsets is None and lo >= -16 and hi < 16:
+            bits, flag = 5, _PACK5
+        else:
+            return None
+        u = (self.q.view(-1, 16, 32).to(torch.int16) + (16 if bits == 5 else 0)).to(torch.uint8)
+        nibbles = ((u[..., 0::2] & 15) | ((u[..., 1::2] & 15) << 4)).reshape(-1, 256)
+        if bits == 5:
+            fifth = ((u >> 4) & 1).to(torch.int64) << torch.arange(32)
+            words = fifth.sum(-1).numpy().astype(np.uint32)  # [blocks, 16]
+            top = torch.from_numpy(words.view(np.uint8).reshape(-1, 64).copy())
+            nibbles = torch.cat([nibbles, top], dim=1)
+        return nibbles.contiguous().view(torch.int8).view(-1), flag
 
     def _group_tiles(self, g: torch.Tensor) -> torch.Tensor:
         """[N, K / group] -> [N/16, K/32, (halves,) 16]"""
@@ -334,7 +363,11 @@ class Q8Weight:
         m, k = x.shape
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
         flags = self.tile_flags | (y.dtype == torch.bfloat16) * _BF16_OUT
-        rc = fn(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets, flags,
+        q = self.q
+        if self.packed is not None and fn is vnni_entry():
+            q, pack = self.packed
+            flags |= pack
+        rc = fn(x.data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None
 

@@ -37,7 +37,8 @@ class FusedDecode:
                 or not decode.heads_fit(self.heads, self.kv_heads, self.head_dim)):
             return False
         self._keep = []  # tensors whose addresses the structs hold
-        arr = (decode.LayerPtrs * len(layers))()
+        # per tile kernel: q8_vnni reads the packed values where a weight has them
+        arrs = {kernel: (decode.LayerPtrs * len(layers))() for kernel in decode.TILE_KERNELS}
         for i, layer in enumerate(layers):
             kind = backend.layout.layers[i].kind
             full = kind is LayerKind.FULL
@@ -47,12 +48,17 @@ class FusedDecode:
             if not (k_pool.is_contiguous() and v_pool.is_contiguous()
                     and k_pool.dtype == torch.bfloat16):
                 return False
-            weights = {}
+            weights = {kernel: {} for kernel in arrs}
             for n in names:
                 w = layer.q8[n]
-                weights[n] = decode.Q8W(w.q.data_ptr(), w.scales.data_ptr(),
-                                  0 if w.offsets is None else w.offsets.data_ptr(),
-                                  w.tile_flags, w.shape[0], w.shape[1])
+                for kernel, ws in weights.items():
+                    q, flags = w.q, w.tile_flags
+                    if kernel == "vnni" and w.packed is not None:
+                        q, pack = w.packed
+                        flags |= pack
+                    ws[n] = decode.Q8W(q.data_ptr(), w.scales.data_ptr(),
+                                       0 if w.offsets is None else w.offsets.data_ptr(),
+                                       flags, w.shape[0], w.shape[1])
             norms = {}
             for n in ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm",
                       "post_ffn_norm"):
@@ -66,18 +72,20 @@ class FusedDecode:
                 kw, vw = pages.k[dense], pages.v[dense]
                 if not (kw.is_contiguous() and vw.is_contiguous()):
                     return False
-            arr[i] = decode.LayerPtrs(**weights, **norms, k_pool=k_pool.data_ptr(),
-                            v_pool=v_pool.data_ptr(),
-                            kw_pool=None if kw is None else kw.data_ptr(),
-                            vw_pool=None if vw is None else vw.data_ptr(), kind=int(full))
+            for kernel, arr in arrs.items():
+                arr[i] = decode.LayerPtrs(**weights[kernel], **norms, k_pool=k_pool.data_ptr(),
+                                          v_pool=v_pool.data_ptr(),
+                                          kw_pool=None if kw is None else kw.data_ptr(),
+                                          vw_pool=None if vw is None else vw.data_ptr(),
+                                          kind=int(full))
             self._keep += [k_pool, v_pool, kw, vw]
-        self._layers = arr
+        self._layers = arrs
         return True
 
     def _buffers(self, m: int) -> decode.Bufs:
         if m not in self._bufs:
             qs, kvs = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            inter = self._layers[0].gate_up.n // 2
+            inter = self._layers["amx"][0].gate_up.n // 2
             widths = {"h": self.hidden, "qkv": qs + 2 * kvs, "q": qs, "k": kvs, "attn": qs,
                       "o": self.hidden, "gu": 2 * inter, "act": inter, "down": self.hidden}
             ts = [torch.empty(m, widths[n], dtype=torch.bfloat16) for n in decode.BUFS]
@@ -130,7 +138,7 @@ class FusedDecode:
                                 page_rows.data_ptr() if pages else 0,
                                 page_slots.data_ptr() if pages else 0,
                                 page_rows.numel() if pages else 0)
-        decode.decode_layers(fns, self._layers, self.num_layers, kinds, x, self._buffers(m),
+        decode.decode_layers(fns, self._layers[kernel], self.num_layers, kinds, x, self._buffers(m),
                              self.hidden, self.heads, self.kv_heads, self.head_dim, self.eps,
                              scale)
         self.steps += 1

@@ -350,6 +350,14 @@ class Q8Weight:
                          self.shape[0], x.shape[1], torch.get_num_threads())
         return tokens if rc == 0 else None
 
+    def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:
+        """(the values, the flags) tile kernel `kernel` ("vnni" or "amx") reads: q8_vnni
+        the packed values where this weight has them, q8_amx the int8 tiles."""
+        if kernel == "vnni" and self.packed is not None:
+            packed, flag = self.packed
+            return packed, self.tile_flags | flag
+        return self.q, self.tile_flags
+
     @property
     def tile_flags(self) -> int:
         """The tile kernels' flags for this weight's scales (kernels.h: Q8_HALVES, Q8_F16_SCALES)."""
@@ -362,11 +370,8 @@ class Q8Weight:
         x = x.contiguous()
         m, k = x.shape
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        flags = self.tile_flags | (y.dtype == torch.bfloat16) * _BF16_OUT
-        q = self.q
-        if self.packed is not None and fn is vnni_entry():
-            q, pack = self.packed
-            flags |= pack
+        q, flags = self.tiles_for("vnni" if fn is vnni_entry() else "amx")
+        flags |= (y.dtype == torch.bfloat16) * _BF16_OUT
         rc = fn(x.data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None

@@ -52,10 +52,7 @@ class FusedDecode:
             for n in names:
                 w = layer.q8[n]
                 for kernel, ws in weights.items():
-                    q, flags = w.q, w.tile_flags
-                    if kernel == "vnni" and w.packed is not None:
-                        q, pack = w.packed
-                        flags |= pack
+                    q, flags = w.tiles_for(kernel)
                     ws[n] = decode.Q8W(q.data_ptr(), w.scales.data_ptr(),
                                        0 if w.offsets is None else w.offsets.data_ptr(),
                                        flags, w.shape[0], w.shape[1])

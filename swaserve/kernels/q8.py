@@ -240,9 +240,9 @@ class Q8Weight:
         16 input pairs x 16 bytes of nibbles (values 2b and 2b + 1 in byte b), then for 5
         bits a uint32 of fifth bits per pair. The kernel unpacks the same int16 values as
         from the int8 tiles: the same sums, bit for bit. None for other ranges."""
-        lo, hi = int(self.q.min()), int(self.q.max())
         if self.group != BLOCK:
             return None
+        lo, hi = int(self.q.min()), int(self.q.max())
         if self.offsets is not None and lo >= 0 and hi < 16:
             bits, flag = 4, _PACK4
         elif self.offsets is None and lo >= -16 and hi < 16:

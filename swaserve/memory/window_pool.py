@@ -21,6 +21,7 @@ class WindowPool:
     def __init__(self, layout: CacheLayout, num_rows: int, ring: int,
                  dtype: torch.dtype, device: torch.device | str,
                  kv_device: torch.device | str | None = None):
+        kv_device = kv_device or device  # where the K/V data lives (KVCache)
         self.ring = ring
         self.num_rows = num_rows
         self.window = layout.max_window
@@ -30,8 +31,8 @@ class WindowPool:
         for i in layout.sliding_layers:
             spec = layout.layers[i]
             shape = (num_rows * ring, spec.num_kv_heads, spec.head_dim)
-            self.k.append(torch.zeros(shape, dtype=dtype, device=kv_device or device))
-            self.v.append(torch.zeros(shape, dtype=dtype, device=kv_device or device))
+            self.k.append(torch.zeros(shape, dtype=dtype, device=kv_device))
+            self.v.append(torch.zeros(shape, dtype=dtype, device=kv_device))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

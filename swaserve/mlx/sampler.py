@@ -39,7 +39,8 @@ from swaserve.sampling.sampler import (
 
 
 def _u32(c: int):
-    return require().array(c, dtype=require().uint32)
+    mx = require()
+    return mx.array(c, dtype=mx.uint32)
 
 
 def _rotl(x, r: int):

@@ -97,3 +97,64 @@ def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monk
     assert tiny_engine(tiny_hybrid[0], num_threads=2, overlap=True).governor is None
     monkeypatch.setenv("SWASERVE_FIXED_THREADS", "1")
     assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is None
+
+
+def test_release_openmp_workers_frees_the_calling_threads_team_only():
+    """A thread's parallel region leaves a team of workers behind (OS threads of the
+    process); releasing it ends them, and another thread's team is left running."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, threading, torch
+        from swaserve.engine.threads import release_openmp_workers
+        torch.set_num_threads(2)
+        tasks = lambda: len(os.listdir("/proc/self/task"))
+        base = tasks()
+        x = torch.ones(4_000_000)  # parallel regions on the main thread: its team of 1 worker
+        float(x.sum())
+        with_team = tasks()
+        go, done = threading.Event(), threading.Event()
+        def other():  # a thread whose team must outlive the main thread's release
+            float(x.sum())
+            go.set()
+            done.wait()
+            float(x.sum())
+        t = threading.Thread(target=other)
+        t.start()
+        go.wait()
+        both = tasks()
+        released = release_openmp_workers()
+        after = tasks()
+        done.set()
+        t.join()
+        print(base, with_team, both, released, after)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    base, with_team, both, released, after = out.stdout.split()
+    base, with_team, both, after = int(base), int(with_team), int(both), int(after)
+    assert released == "True"
+    assert with_team == base + 1  # the main thread's worker
+    assert both == with_team + 2  # the other thread and its own worker
+    assert after == both - 1  # the main thread's worker is gone, the other's still there
+
+
+def test_async_engine_releases_the_workers_of_the_thread_that_built_it(tiny_hybrid,
+                                                                        monkeypatch):
+    import threading
+
+    from conftest import tiny_engine
+
+    from swaserve.server import async_engine
+
+    calls = []
+    monkeypatch.setattr(async_engine, "release_openmp_workers",
+                        lambda: calls.append(threading.current_thread()) or True)
+    aeng = async_engine.AsyncEngine(tiny_engine(tiny_hybrid[0]))
+    try:
+        assert calls == [threading.current_thread()]
+    finally:
+        aeng.shutdown()

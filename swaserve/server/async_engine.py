@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import FinishReason, Request
+from swaserve.engine.threads import release_openmp_workers
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.errors import param_of
@@ -98,6 +99,9 @@ class AsyncEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
+        # from here on only the engine thread runs the model: the idle OpenMP workers that
+        # loading left on this thread would make every parallel region there wake its own
+        release_openmp_workers()
         self._thread = threading.Thread(target=self._run, name="swaserve-engine", daemon=True)
         self._thread.start()
 

@@ -23,6 +23,10 @@ Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any nu
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
 the governor, as do overlap scheduling (the count would change under a running forward) and a process with SWASERVE_FIXED_THREADS=1 in its environment (the
 test suite, whose bitwise comparisons run on a busy machine).
+
+`release_openmp_workers` ends the calling thread's OpenMP team: the thread that builds an
+engine and hands it to another thread to step (the server) calls it, so that the stepping
+thread's team is the only one and its workers spin between regions.
 """
 
 from __future__ import annotations

@@ -343,12 +343,7 @@ class Q8Weight:
                 or tile_kernel(x.shape[0], kernel) != "amx"):
             return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        x = x.contiguous()
-        offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        rc = amx_entry()(x.data_ptr(), self.q.data_ptr(), self.scales.data_ptr(), offsets,
-                         self.tile_flags | _ARGMAX_OUT, tokens.data_ptr(), x.shape[0],
-                         self.shape[0], x.shape[1], torch.get_num_threads())
-        return tokens if rc == 0 else None
+        return self._run_tiles(amx_entry(), x, tokens, _ARGMAX_OUT)
 
     def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:
         """(the values, the flags) tile kernel `kernel` ("vnni" or "amx") reads: q8_vnni
@@ -363,15 +358,17 @@ class Q8Weight:
         """The tile kernels' flags for this weight's scales (kernels.h: Q8_HALVES, Q8_F16_SCALES)."""
         return (self.group == 16) * _HALVES | (self.scales.dtype == torch.float16) * _F16_SCALES
 
-    def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """q8_vnni or q8_amx (the same arguments) on this tiled weight"""
+    def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor,
+                   out_flag: int = 0) -> torch.Tensor | None:
+        """q8_vnni or q8_amx (the same arguments) on this tiled weight, into y: its sums,
+        or with out_flag _ARGMAX_OUT (q8_amx) each row's argmax"""
         if fn is None or x.dtype != torch.bfloat16:
             return None
         x = x.contiguous()
         m, k = x.shape
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
         q, flags = self.tiles_for("vnni" if fn is vnni_entry() else "amx")
-        flags |= (y.dtype == torch.bfloat16) * _BF16_OUT
+        flags |= (y.dtype == torch.bfloat16) * _BF16_OUT | out_flag
         rc = fn(x.data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
                 y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
         return y if rc == 0 else None

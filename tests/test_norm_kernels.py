@@ -132,22 +132,42 @@ def test_fused_layer_ops_fall_back_to_torch_with_the_same_results():
 
 
 @kernels
-def test_norms_over_threads_give_one_threads_bits():
-    """A prompt chunk's norms are split over threads (from 64k values): row by row the same
-    arithmetic, so the same bits as one thread."""
-    from swaserve.kernels.norm import add_rms_norm_bf16, rms_norm_bf16
+def test_row_kernels_over_threads_give_one_threads_bits():
+    """Norms, q/k norm + RoPE and GeGLU split their rows over the threads from
+    ROWS_PARALLEL_MIN values on (a prompt chunk): row by row the same arithmetic, so the
+    same bits as one thread, and a row computed in a call too small to split has the bits
+    it gets inside a split one."""
+    from swaserve.kernels import build
+    from swaserve.kernels.gelu import gelu_tanh_mul_bf16
+    from swaserve.kernels.norm import add_rms_norm_bf16, qk_norm_rope_bf16, rms_norm_bf16
 
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(300, 640, generator=g) * 5).to(torch.bfloat16)
     d = (torch.randn(300, 640, generator=g) * 2).to(torch.bfloat16)
     w = torch.rand(640, generator=g) + 0.5
+    qkv = (torch.randn(300, 6 * 256, generator=g) * 3).to(torch.bfloat16)
+    qn, kn = torch.rand(256, generator=g) + 0.5, torch.rand(256, generator=g) + 0.5
+    inv, scale = rope_inv_freq(256, 10_000.0)
+    cos, sin = rope_cos_sin(torch.arange(300), inv, torch.bfloat16, scale)
+    gu = (torch.randn(300, 2 * 2048, generator=g) * 4).to(torch.bfloat16)  # 2048 a row
+
+    def run(rows):
+        return (rms_norm_bf16(x[rows], w, 1e-6), *add_rms_norm_bf16(x[rows], d[rows], w, w, 1e-6),
+                *qk_norm_rope_bf16(qkv[rows], 4, 1, 256, qn, kn, cos[rows], sin[rows], 1e-6),
+                gelu_tanh_mul_bf16(gu[rows]))
+
+    smallest = build.constants()["ROWS_PARALLEL_MIN"]
+    assert 2048 < smallest <= 300 * 640  # one row is computed alone, 300 are split
     threads = torch.get_num_threads()
     runs = []
     for n in (1, max(2, threads)):
         torch.set_num_threads(n)
         try:
-            runs.append((rms_norm_bf16(x, w, 1e-6), *add_rms_norm_bf16(x, d, w, w, 1e-6)))
+            runs.append(run(slice(0, 300)))
         finally:
             torch.set_num_threads(threads)
     for a, b in zip(*runs):
-        assert torch.equal(a, b)
+        assert a is not None and torch.equal(a, b)
+    for r in (0, 151, 299):  # alone, not split
+        for alone, split in zip(run(slice(r, r + 1)), runs[1]):
+            assert torch.equal(alone, split[r:r + 1])

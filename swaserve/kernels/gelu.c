@@ -60,6 +60,6 @@ static void row(const uint16_t *g, const uint16_t *up, uint16_t *y, int64_t d) {
 /* gu [rows][ld] bf16 holding gate in columns [0, d) and up in [d, 2d); y [rows][d] */
 void gelu_tanh_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t d, int64_t ld,
                         int threads) {
-#pragma omp parallel for num_threads(threads) if (rows * d >= 65536) schedule(static)
+#pragma omp parallel for num_threads(threads) if (rows * d >= ROWS_PARALLEL_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) row(gu + r * ld, gu + r * ld + d, y + r * d, d);
 }

@@ -27,6 +27,12 @@
 #define ATTN_MAX_GROUP 16 /* query heads per key/value head */
 #define ATTN_MAX_DIM 512  /* head dim */
 
+/* norm.c, gelu.c: a call splits its rows over the threads from this many values on (a
+   prompt chunk). Rows are independent: one row's arithmetic is the same whoever computes
+   it. Decode steps stay on one thread: at 4,096 a 32-row step's q/k norm + RoPE took half
+   the time, but the step as a whole was no faster (benchmarks/README.md, session 13). */
+#define ROWS_PARALLEL_MIN 65536
+
 /* norm.c: the row buffers */
 #define NORM_MAX_DIM 8192
 

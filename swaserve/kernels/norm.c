@@ -32,12 +32,13 @@ static inline void norm_row(const float *row, const float *w, int64_t d, float e
     }
 }
 
-/* Rows are independent: split over threads from 64k values on (a prompt chunk), one row's
+/* Rows are independent: split over threads from ROWS_PARALLEL_MIN values on, one row's
  * arithmetic the same whoever computes it */
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,
                    int64_t inner, int64_t stride_outer, int64_t stride_inner, int64_t d,
                    float eps, int threads) {
-#pragma omp parallel for num_threads(threads) if (outer * inner * d >= 65536) schedule(static)
+#pragma omp parallel for num_threads(threads) if (outer * inner * d >= ROWS_PARALLEL_MIN) \
+    schedule(static)
     for (int64_t o = 0; o < outer; o++) {
         float row[NORM_MAX_DIM];
         for (int64_t i = 0; i < inner; i++) {
@@ -53,7 +54,7 @@ void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer
 void add_rms_norm_bf16(const uint16_t *x, const uint16_t *dl, int64_t ld, const float *wd,
                        const float *wn, uint16_t *x_out, uint16_t *h, int64_t rows,
                        int64_t d, float eps, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows * d >= 65536) schedule(static)
+#pragma omp parallel for num_threads(threads) if (rows * d >= ROWS_PARALLEL_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         float row[NORM_MAX_DIM], nd[NORM_MAX_DIM];
         const uint16_t *dr = dl + r * ld;
@@ -84,7 +85,8 @@ void qk_norm_rope_bf16(const uint16_t *qkv, int64_t ld, const float *qw, const f
                        uint16_t *q_out, uint16_t *k_out, int64_t t, int64_t h, int64_t kvh,
                        int64_t d, float eps, int threads) {
     const int64_t half = d / 2;
-#pragma omp parallel for num_threads(threads) if (t * (h + kvh) * d >= 65536) schedule(static)
+#pragma omp parallel for num_threads(threads) if (t * (h + kvh) * d >= ROWS_PARALLEL_MIN) \
+    schedule(static)
     for (int64_t i = 0; i < t; i++) {
         float row[NORM_MAX_DIM], n[NORM_MAX_DIM];
         const uint16_t *c = cos + i * ld_cs, *s = sin + i * ld_cs;

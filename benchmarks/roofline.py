@@ -170,6 +170,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--profile-batches", type=int, nargs="*", default=[32],
                     help="decode batch sizes to break down by part")
+    ap.add_argument("--profile-prefill", type=int, nargs="*", default=[512],
+                    help="prefill lengths to break down by part")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -211,7 +213,7 @@ def main() -> None:
         log(f"[prefill] {length} tokens")
         eng = Engine(dtype="bfloat16", prefix_cache=False, max_running_requests=1,
                      chunk_size=length, max_model_len=length + 16, kv_memory="2GiB")
-        prefill_s, profiler = prefill_run(eng, length, 3, profile=length == 512)
+        prefill_s, profiler = prefill_run(eng, length, 3, profile=length in args.profile_prefill)
         full, sliding = attention_flops(cfg, length, length)
         flops = 2 * layers_p * length + 2 * head_p + full + sliding
         bound = flops / ceil["compute"]
@@ -220,7 +222,7 @@ def main() -> None:
                      "share": bound / prefill_s, "gflop": flops / 1e9,
                      "attention_gflop": {"full": full / 1e9, "sliding": sliding / 1e9}})
         if profiler is not None:
-            profiles["prefill 512"] = breakdown(profiler, 1)
+            profiles[f"prefill {length}"] = breakdown(profiler, 1)
         del eng
 
     print(f"\nceilings ({threads} threads): read {ceil['bandwidth'] / 1e9:.1f} GB/s of a "

@@ -46,7 +46,9 @@ SCHEMAS = [
     ("A free-form JSON object about a dog", {"type": OBJ}),
     ("A measurement", {"type": OBJ, "properties": {
         "value": {"type": "number"}, "unit": {"type": "string", "enum": ["m", "kg", "s"]},
-        "note": {"type": ["string", "null"]}}, "required": ["value", "unit"]}),
+        # bounded: greedy, this prompt's float32 engine writes "1 kg = 1000..." until the
+        # token limit inside a free string (the model, not the grammar)
+        "note": {"type": ["string", "null"], "maxLength": 40}}, "required": ["value", "unit"]}),
     ("Scores", {"type": OBJ, "properties": {"scores": {"type": "array", "items": {
         "type": OBJ, "properties": {"team": {"type": "string"}, "points": {"type": "integer"}},
         "required": ["team", "points"]}, "maxItems": 3}}, "required": ["scores"]}),

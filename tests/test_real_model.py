@@ -197,13 +197,16 @@ def test_int8_tiles_give_the_bf16_paths_logits_at_every_batch_size(monkeypatch):
     buffer reused step after step) and through the bf16 weights: where the two have read
     the same tokens, their logits differ by at most the bf16 path's own output rounding
     (0.125 at logits of 16-32), and a near-tie rarely parts their texts. The AMX kernel
-    takes every row count here (the few-row steps of the prompts' ends too): it
-    multiplies the bf16 copy's very weights, the VNNI kernel the exact ones."""
+    takes every decode row count here: it multiplies the bf16 copy's very weights, the
+    VNNI kernel the exact ones. Prompt steps past 32 rows multiply in bf16 in both, so
+    that both decode over the same keys (with the default PROMPT_AMX_ROWS the int8
+    engine's prompts take q8_amx and its own order of float32 sums: the test below)."""
     from swaserve.kernels import q8
 
     if not q8.amx_available():
         pytest.skip("no AMX here")
     monkeypatch.setattr(q8, "VNNI_ROWS", 0)
+    monkeypatch.setattr(q8, "PROMPT_AMX_ROWS", 32)
     prompts = [long_text()[i * 97:i * 97 + 160] for i in range(32)]
     runs = _greedy_runs(prompts, 8, int8={}, bf16={"int8_weights": False})
     diffs, identical = _agreement(runs["int8"], runs["bf16"])
@@ -211,9 +214,10 @@ def test_int8_tiles_give_the_bf16_paths_logits_at_every_batch_size(monkeypatch):
     assert identical >= 24
 
 
-def _greedy_runs(prompts: list[str], tokens: int, **engines) -> dict[str, list]:
+def _greedy_runs(prompts: list[str], tokens: int, lengths: list | None = None,
+                 **engines) -> dict[str, list]:
     """For each named engine (LLM options; "int8" the one with int8 weights): (token ids,
-    [logits of each step]) a prompt."""
+    [logits of each step]) a prompt; the prompts' token counts appended to `lengths`."""
     from swaserve import LLM, SamplingParams
 
     runs = {}
@@ -227,6 +231,8 @@ def _greedy_runs(prompts: list[str], tokens: int, **engines) -> dict[str, list]:
         for rid, _, lg in llm.engine.logits_log:
             logits.setdefault(rid, []).append(lg.float())
         runs[name] = [(o.token_ids, logits[o.request_id]) for o in outs]
+        if lengths is not None and not lengths:
+            lengths.extend(len(o.prompt_token_ids) for o in outs)
         del llm
     return runs
 
@@ -242,17 +248,24 @@ def _agreement(a: list, b: list) -> tuple[list[float], int]:
     return diffs, identical
 
 
-def test_int8_vnni_rows_are_as_close_to_float32_as_the_bf16_path():
-    """Decode batches of up to VNNI_ROWS multiply the GGUF's exact weights (int16
-    activations): their logits are no further from the float32 engine's than those of
-    the bf16 weights, and they continue at least as many prompts the same way."""
+@pytest.mark.parametrize("decode_kernel", ["vnni", "amx"])
+def test_int8_engine_is_as_close_to_float32_as_the_bf16_path(decode_kernel, monkeypatch):
+    """The int8 engine's prompt step (one of at most PROMPT_AMX_ROWS rows: q8_amx on the
+    bf16 copy's weights, in its own order of float32 sums) and its decode steps (q8_vnni:
+    the GGUF's exact weights with int16 activations; or q8_amx) give logits no further
+    from the float32 engine's than those of the bf16 weights, and continue at least as
+    many prompts the same way."""
     from swaserve.kernels import q8
 
-    if not q8.vnni_available():
-        pytest.skip("no AVX-512 VNNI here")
-    prompts = [long_text()[i * 97:i * 97 + 160] for i in range(min(4, q8.VNNI_ROWS))]
-    runs = _greedy_runs(prompts, 16, fp32={"dtype": "float32"}, bf16={"int8_weights": False},
-                        int8={})
+    if not q8.amx_available() or (decode_kernel == "vnni" and not q8.vnni_available()):
+        pytest.skip(f"no AMX or no {decode_kernel} here")
+    if decode_kernel == "amx":
+        monkeypatch.setattr(q8, "VNNI_ROWS", 0)
+    prompts = [long_text()[i * 97:i * 97 + 160] for i in range(min(6, q8.VNNI_ROWS or 6))]
+    lengths = []
+    runs = _greedy_runs(prompts, 16, lengths, fp32={"dtype": "float32"},
+                        bf16={"int8_weights": False}, int8={})
+    assert q8.tile_kernel(sum(lengths), "amx") == "amx"  # one prompt step, on q8_amx
     d_int8, same_int8 = _agreement(runs["fp32"], runs["int8"])
     d_bf16, same_bf16 = _agreement(runs["fp32"], runs["bf16"])
     median = lambda d: sorted(d)[len(d) // 2]  # noqa: E731

@@ -36,9 +36,10 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # q8_amx takes a decode step of any size: alone, one product at 128 rows is about as fast
 # as bf16's and slower at 512, but in a step (the fused layers and the LM head) 64, 128
 # and 256 rows ran 1.8x, 1.45x and 1.4x faster than bf16 (benchmarks/README.md, session 7).
-# A prompt chunk (kernel "amx") goes to it up to PROMPT_AMX_ROWS rows and to bf16 above:
-# a 512-row product runs ~1.5x faster in bf16, a whole 512-token prefill ~5 %
-PROMPT_AMX_ROWS = 32
+# A step with prompt rows (kernel "amx") goes to it up to PROMPT_AMX_ROWS rows and to bf16
+# above: whole prefills of 64 / 128 / 256 tokens ran 17-23 / 6-12 / 3-14 % faster on it
+# than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
+PROMPT_AMX_ROWS = 256
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile

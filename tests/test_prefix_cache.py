@@ -178,10 +178,12 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
     assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))
 
 
-def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid):
-    """With int8 weights, steps with prompt rows multiply on one kernel whatever their row
-    count (ForwardContext.q8_kernel), though pure decode steps of few rows take another:
-    a hit's 4-row tail gives the bits of the cold run's 12-row chunk holding those rows."""
+@pytest.mark.parametrize("chunk", [12, 64])
+def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk):
+    """With int8 weights, steps with prompt rows multiply on one kernel up to
+    PROMPT_AMX_ROWS rows (ForwardContext.q8_kernel), though pure decode steps of few rows
+    take another: a hit's 4-row tail gives the bits of the cold run's chunk holding those
+    rows (12 rows, or the whole 36-token prompt in one chunk)."""
     from swaserve.kernels import q8
 
     if not (q8.amx_available() and q8.vnni_available()):
@@ -189,9 +191,10 @@ def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid):
     path, _ = tiny_hybrid
     base = random_prompt(5 * W + 3, seed=80)
     other = base[:4 * W] + random_prompt(4, seed=81)
+    assert chunk <= q8.PROMPT_AMX_ROWS  # every prompt step on q8_amx
     runs = []
     for cache in (True, False):
-        eng = engine(path, dtype="bfloat16", prefix_cache=cache, chunk_size=12)
+        eng = engine(path, dtype="bfloat16", prefix_cache=cache, chunk_size=chunk)
         use_int8_copies(eng)
         if cache:
             run(eng, [base], 3 * W)

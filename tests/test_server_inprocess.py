@@ -105,6 +105,21 @@ def test_bodies_that_are_not_json_objects(app):
     assert call(app, raw[1:2])[0].json()["error"]["param"] is None
 
 
+def test_stream_lines_split_only_at_event_ends(app):
+    """Text may hold characters that many line readers take for line breaks (U+0085,
+    U+2028, U+2029: Python's str.splitlines and httpx's iter_lines do): the server writes
+    them escaped, so every event is one line to any reader and decodes to the same text.
+    A random-weight model's long stream once held one, and the client's JSON was cut at
+    the start of its text."""
+    text = "a\x85b\u2028c\u2029d\x1ce\x0bf"
+    r = call(app, [("completions", {"prompt": text, "echo": True, "max_tokens": 1,
+                                    "stream": True})])[0]
+    lines = [line for line in r.text.splitlines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "".join(e["choices"][0]["text"] for e in events).startswith(text)
+
+
 def test_both_routes_stream_and_not(app):
     done = call(app, [("completions", {"prompt": "hello", "max_tokens": 6, "temperature": 0,
                                        "ignore_eos": True}),

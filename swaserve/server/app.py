@@ -274,8 +274,14 @@ def _tokenize(engine, prompt: str | list[int], param: str, **kw) -> list[int]:
         raise APIError(400, str(e).replace("prompt:", f"{param}:", 1), param) from e
 
 
+# Line breaks to Python's str.splitlines and httpx's iter_lines, not to SSE: JSON leaves
+# them raw in strings, so a reader that splits on them would cut an event in two
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    data = json.dumps(obj, ensure_ascii=False)
+    return f"data: {data if data.isascii() else data.translate(_LINE_BREAKS)}\n\n"
 
 
 def _api_error(e: EngineError) -> APIError:

@@ -111,7 +111,8 @@ def test_stream_lines_split_only_at_event_ends(app):
     them escaped, so every event is one line to any reader and decodes to the same text.
     A random-weight model's long stream once held one, and the client's JSON was cut at
     the start of its text."""
-    text = "a\x85b\u2028c\u2029d\x1ce\x0bf"
+    text = "a\x85b\u2028c\u2029d\x1ce\x1df\x1eg\x0bh\x0ci\rj\nk"  # all splitlines splits at
+    assert len(text.splitlines()) == 11
     r = call(app, [("completions", {"prompt": text, "echo": True, "max_tokens": 1,
                                     "stream": True})])[0]
     lines = [line for line in r.text.splitlines() if line]

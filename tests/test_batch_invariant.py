@@ -3,6 +3,7 @@ The real-model bf16 check is tests/test_real_model.py; these pin the parts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import random_prompt
 
@@ -10,19 +11,24 @@ from swaserve import LLM, SamplingParams
 from swaserve.models.layers import linear
 
 
-def test_row_blocks_give_every_row_the_bits_it_gets_alone():
-    """The kernel property the mode rests on: in blocks of <= 32 rows, a row's product is
-    the same as on its own, also for one row (multiplied as two: matrix-vector, which
-    the plain path takes for one row, rounds some rows differently)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_row_blocks_give_every_row_the_bits_it_gets_alone(dtype):
+    """The kernel property the mode rests on: in blocks of 32 rows, a row's product is the
+    same as on its own and as in a batch of any other size (1 to 40 rows here: matrix-vector
+    for one row, and float32 tails of M % 4 rows under 12 on AMD's MKL, round some rows
+    differently on the plain path)."""
     g = torch.Generator().manual_seed(0)
     for n, k in [(4096, 640), (640, 2048), (1536, 640), (128, 32)]:
-        w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-        x = torch.randn(2000, k, generator=g).to(torch.bfloat16)
+        w = torch.randn(n, k, generator=g).to(dtype)
+        x = torch.randn(2000, k, generator=g).to(dtype)
         blocked = linear(x, w, row_block=32)
         rows = range(2000) if n == 128 else (0, 31, 32, 63, 99)
         for i in rows:
             assert torch.equal(blocked[i], linear(x[i:i + 1], w, row_block=32)[0]), (n, k, i)
-    assert any(not torch.equal(blocked[i], linear(x[i:i + 1], w)[0]) for i in range(2000))
+        for m in range(1, 41):
+            assert torch.equal(linear(x[:m], w, row_block=32), blocked[:m]), (n, k, m)
+    if dtype == torch.bfloat16:
+        assert any(not torch.equal(blocked[i], linear(x[i:i + 1], w)[0]) for i in range(2000))
 
 
 def test_prompts_are_chunked_at_fixed_positions_and_decodes_never_wait(tiny_hybrid):
@@ -58,9 +64,12 @@ def test_prompts_are_chunked_at_fixed_positions_and_decodes_never_wait(tiny_hybr
         assert steps == list(range(steps[0], steps[0] + len(steps)))
 
 
-def test_alone_and_in_a_crowd_bitwise_in_bf16(tiny_hybrid):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_alone_and_in_a_crowd_bitwise(tiny_hybrid, dtype):
+    """float32 too: its attention takes SDPA's math kernel in this mode (torch's float32
+    flash kernel gives different bits on different threads on some CPUs)."""
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="bfloat16", batch_invariant=True, chunk_size=16,
+    llm = LLM(path, dtype=dtype, batch_invariant=True, chunk_size=16,
               max_running_requests=40)
     eng = llm.engine
     probe = random_prompt(37, 99)

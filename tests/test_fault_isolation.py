@@ -34,9 +34,15 @@ def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
 
 
 def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
-        **kw) -> tuple[Engine, list]:
+        device: str = "cpu", **kw) -> tuple[Engine, list]:
+    """The batch, with `faults` armed after `arm_after` steps. On the CPU in batch-invariant
+    mode: a failed row leaves its neighbours in a smaller batch, and the CPU's BLAS rounds
+    some rows of a float32 batch of 7 differently from the same rows in a batch of 8 (AMD
+    Zen 5's MKL does), so only that mode can promise the very bits of the healthy run. (MLX
+    refuses the mode; its kernels do not depend on the row count.)"""
     eng = Engine(model=path, dtype="float32", kv_memory="16MiB", max_running_requests=8,
-                 page_size=4, chunk_size=64, **kw)
+                 page_size=4, chunk_size=64, device=device,
+                 batch_invariant=device == "cpu", **kw)
     reqs = [eng.add_request(prompt, p, request_id=f"r{i}")[0]
             for i, (prompt, p) in enumerate(batch_of_8(eng.vocab_size))]
     steps = 0

@@ -9,10 +9,12 @@ the keys where the cache holds them.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swaserve.kernels.attention import decode_attention_bf16
 from swaserve.memory.kv_cache import KVCache
@@ -78,14 +80,26 @@ class SDPABackend:
             else:
                 kg = k_buf[view.key_slots].transpose(1, 2)
                 vg = v_buf[view.key_slots].transpose(1, 2)
-            if sinks is not None:
-                o = _attend_with_sinks(qg, kg, vg, view, sinks, scale, gqa)
-            else:
-                o = F.scaled_dot_product_attention(
-                    qg, kg, vg, attn_mask=view.mask, is_causal=view.causal and view.mask is None,
-                    scale=scale, enable_gqa=gqa)
+            with _invariant_kernel(ctx, q):
+                if sinks is not None:
+                    o = _attend_with_sinks(qg, kg, vg, view, sinks, scale, gqa)
+                else:
+                    o = F.scaled_dot_product_attention(
+                        qg, kg, vg, attn_mask=view.mask,
+                        is_causal=view.causal and view.mask is None, scale=scale, enable_gqa=gqa)
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _invariant_kernel(ctx: ForwardContext, q: torch.Tensor):
+    """In batch-invariant mode, float32 attention on the CPU takes SDPA's math kernel:
+    torch's float32 flash kernel gives a (sequence, head) different bits depending on which
+    thread computes it (on AMD Zen 5, 2 threads: 15 of 32 heads of a batch of 8 differ from
+    the same rows run one by one), so a row's bits would follow its place in the batch. The
+    math kernel's bits do not; bf16 takes flash, whose bits do not either."""
+    if ctx.row_block is None or q.dtype != torch.float32 or q.device.type != "cpu":
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor,

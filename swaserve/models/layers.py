@@ -116,34 +116,33 @@ def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
            q8: Q8Weight | None = None, kernel: str | None = None) -> torch.Tensor:
     """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
     than a one-row matmul (the batch-1 decode path). With `row_block` (batch-invariant
-    mode), rows are multiplied in blocks of at most that many (see `rows_in_blocks`), and
-    a block of one row as two: matrix-vector, which the BLAS also picks for a one-row
-    matmul, rounds some rows differently from the same row in a block (3 in 2,000 at
-    [128, 32] in bf16). `q8`, the same weight as exact int8 blocks, takes the batches its
-    kernel (`kernel`, or the fastest for the rows) runs faster (half the bytes to read)."""
+    mode), rows are multiplied in blocks of exactly that many (see `rows_in_blocks`).
+    `q8`, the same weight as exact int8 blocks, takes the batches its kernel (`kernel`, or
+    the fastest for the rows) runs faster (half the bytes to read)."""
     if q8 is not None and q8.takes(x, kernel):
         y = q8.matmul(x, dtype=x.dtype, kernel=kernel)
         if y is not None:
             return y
     if row_block is not None:
-        return rows_in_blocks(lambda part: _matmul_rows(part, w), x, row_block)
+        return rows_in_blocks(lambda part: torch.nn.functional.linear(part, w), x, row_block)
     if x.dim() == 2 and x.shape[0] == 1:
         return torch.mv(w, x[0])[None]
     return torch.nn.functional.linear(x, w)
 
 
-def _matmul_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T by the BLAS's matrix-matrix kernel, also for a single row."""
-    if x.dim() == 2 and x.shape[0] == 1:
-        return torch.nn.functional.linear(x.repeat(2, 1), w)[:1]
-    return torch.nn.functional.linear(x, w)
-
-
 def rows_in_blocks(fn, x: torch.Tensor, row_block: int) -> torch.Tensor:
-    """fn over blocks of at most `row_block` rows of x, concatenated: batch-invariant
-    matmuls. CPU GEMM kernels pick their blocking by the number of rows (on this machine's
-    oneDNN every count up to 32 gives a row the same bits, 33 and more do not), so a row's
-    result would otherwise depend on how many other rows share its step."""
-    if x.shape[0] <= row_block:
-        return fn(x)
-    return torch.cat([fn(part) for part in x.split(row_block)])
+    """fn (row by row, such as a matmul) over blocks of exactly `row_block` rows of x, the
+    last one padded with zero rows, concatenated: batch-invariant matmuls. CPU GEMM
+    kernels pick their blocking by the number of rows, so a row's result would otherwise
+    depend on how many other rows share its step: one row goes to matrix-vector (3 rows in
+    2,000 round differently at [128, 32] in bf16); Intel's oneDNN gives every count up to
+    32 the same bits but not 33 and more; on AMD Zen 5 float32 rounds the last M % 4 rows
+    of a block of under 12 differently. One block size for every call leaves the BLAS one
+    choice, and a row's bits do not depend on its place within the block."""
+    m = x.shape[0]
+    pad = -m % row_block
+    if pad:
+        x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    if x.shape[0] == row_block:
+        return fn(x)[:m]
+    return torch.cat([fn(part) for part in x.split(row_block)])[:m]

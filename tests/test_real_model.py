@@ -276,8 +276,8 @@ def test_int8_engine_is_as_close_to_float32_as_the_bf16_path(decode_kernel, monk
 
 def test_fused_decode_layers_are_the_layers_bits_on_the_real_model():
     """kernels/decode.c runs the 18 layers of a decode step in one call: at 2 rows (the
-    VNNI kernel) and at 8 (AMX), the logits of every step are bit for bit those of the
-    layers run one by one."""
+    VNNI kernel) and at 8 (AMX; VNNI on a CPU without it), the logits of every step are
+    bit for bit those of the layers run one by one."""
     from swaserve import LLM, SamplingParams
 
     llm = LLM(max_running_requests=8, prefix_cache=False)

@@ -13,11 +13,12 @@ without a compiler the bf16 path is used). Two layouts:
 - tiles (`to_tiles`, on CPUs with AMX or AVX-512 VNNI, for bf16 activations): each block
   of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Tiles of Q5_0
   and Q4_K values are also kept packed in 5 and 4 bits (`_pack`), which q8_vnni reads
-  instead (a batch-1 step waits on the bytes it reads; the same bits come out). Up to VNNI_ROWS
-  rows `q8_vnni` writes each row of activations as int16 with a power of two per 32
-  inputs and multiplies the int8 values themselves (VPDPWSSD, exact integer sums per
-  group, scales and offsets applied in float32): the file's exact weights, ~1e-5 from a
-  float64 product where the bf16 copy's weights are ~2e-3 off. More rows go to `q8_amx`,
+  instead (a batch-1 step waits on the bytes it reads; the same bits come out). Up to
+  VNNI_ROWS rows (VNNI_MAX_ROWS on CPUs without AMX) `q8_vnni` writes each row of
+  activations as int16 with a power of two per 32 inputs and multiplies the int8 values
+  themselves (VPDPWSSD, exact integer sums per group, scales and offsets applied in
+  float32): the file's exact weights, ~1e-5 from a float64 product where the bf16 copy's
+  weights are ~2e-3 off. More rows go to `q8_amx`,
   which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
   bf16 copy) and multiplies it on the tile unit, for any number of rows. What each costs,
   and why the row limits are where they are: benchmarks/README.md (sessions 3, 5 and 7).
@@ -41,6 +42,9 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
 PROMPT_AMX_ROWS = 256
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
+# without AMX, q8_vnni takes every decode step one call takes (it beats bf16 there: on AMD
+# Zen 5 at 8 rows the LM head 8.3 ms against 16.2, a layer's products 0.7-0.9x the time;
+# at 32 rows in 8-row calls, bf16 is faster; benchmarks/README.md, session 16)
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
 _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
@@ -98,12 +102,18 @@ def vnni_available() -> bool:
 def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> str | None:
     """The tile kernel for m rows: `kernel` ("vnni" or "amx", for a prompt chunk up to
     PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them; without one,
-    q8_vnni up to VNNI_ROWS, else q8_amx. None when none does."""
-    vnni = m <= (VNNI_MAX_ROWS if kernel else VNNI_ROWS) and vnni_available()
+    q8_vnni up to `vnni_rows()`, else q8_amx. None when none does."""
+    vnni = m <= (VNNI_MAX_ROWS if kernel else vnni_rows()) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
         return kernel if {"vnni": vnni, "amx": amx}[kernel] else None
     return "vnni" if vnni else "amx" if amx else None
+
+
+def vnni_rows() -> int:
+    """The most rows of a decode step q8_vnni takes: VNNI_ROWS where q8_amx takes more,
+    all that one call takes where nothing but bf16 would."""
+    return VNNI_ROWS if amx_available() else VNNI_MAX_ROWS
 
 
 def same_kernel_rows(m: int, tiled: bool = True) -> int:
@@ -112,7 +122,7 @@ def same_kernel_rows(m: int, tiled: bool = True) -> int:
     differently."""
     unbounded = 1 << 62
     if tiled:
-        return VNNI_ROWS if tile_kernel(m) == "vnni" else unbounded
+        return vnni_rows() if tile_kernel(m) == "vnni" else unbounded
     return FAST_ROWS if m <= FAST_ROWS else unbounded
 
 
@@ -310,7 +320,7 @@ class Q8Weight:
                ) -> torch.Tensor | None:
         """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
         once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
-        it. Tiles take bf16 x: up to VNNI_ROWS rows through q8_vnni (the exact weights,
+        it. Tiles take bf16 x: up to vnni_rows() rows through q8_vnni (the exact weights,
         int16 activations), more through q8_amx (the bf16 copy's weights); `kernel` ("vnni"
         or "amx") picks one whatever the rows. Rows take up to
         MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second

@@ -62,6 +62,13 @@ def close(a, b) -> bool:  # float32 sums in another order: within a bf16 step
     return torch.allclose(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -10)
 
 
+def rotated_close(a, b) -> bool:
+    """`close` for normed and rotated heads: a normed value a bf16 step off (3 in 307,200
+    on AMD Zen 5) stays a step of the normed values (up to ~5) off through the rotation's
+    a * cos + b * sin, also where that sum cancels to near zero."""
+    return torch.allclose(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -6)
+
+
 def unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin, norm=rms_norm):
     q, k, _ = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
     q, k = q.reshape(-1, h, d), k.reshape(-1, kvh, d)
@@ -87,7 +94,7 @@ def test_qk_norm_rope_is_the_unfused_paths_bits(t, h, kvh, d, norms):
     assert q.shape == (t, h, d) and k.shape == (t, kvh, d)
     assert torch.equal(q, rq) and torch.equal(k, rk)  # the layer path's bits
     tq, tk = unfused_heads(qkv, h, kvh, d, qn, kn, cos, sin, torch_rms_norm)
-    assert close(q, tq) and close(k, tk)  # and torch's values
+    assert rotated_close(q, tq) and rotated_close(k, tk)  # and torch's values
 
 
 @kernels

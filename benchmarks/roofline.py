@@ -1,9 +1,10 @@
 """Roofline: how close swaserve runs to this machine's own limits, measured in one process.
 
 First the ceilings, with the threads the engine uses: the streamed read bandwidth of a
-weight-sized buffer, torch's bf16 matmul and swaserve's int8 AMX product at the model's
-shapes (the best of them is the compute ceiling), and the AMX peak from the clock (1,024
-bf16 FLOP a cycle a core). Then the engine (bundled Gemma 3 270M, bf16, no prefix cache):
+weight-sized buffer, torch's bf16 matmul and swaserve's int8 product (the tile kernel a
+decode step of those rows takes: q8_vnni, or q8_amx) at the model's shapes (the best of
+them is the compute ceiling), and on a CPU with AMX its peak from the clock (1,024 bf16
+FLOP a cycle a core). Then the engine (bundled Gemma 3 270M, bf16, no prefix cache):
 decode at each batch size (128-token prompts; the median decode step) and prefill of one
 prompt of each length, each beside its bound and the share of it achieved:
 
@@ -65,7 +66,9 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
     shapes = {"qkv": layer.qkv, "gate_up": layer.gate_up, "down": layer.down,
               "lm_head": model.embed if model.lm_head is None else model.lm_head}
     out: dict = {"bandwidth": bw, "threads": threads, "matmul": {}}
-    for rows in (32, 128, 512):
+    from swaserve.kernels import q8 as q8_kernels
+
+    for rows in (q8_kernels.VNNI_MAX_ROWS, 32, 128, 512):
         for name, w in shapes.items():
             if name == "lm_head" and rows > 32:
                 continue
@@ -74,13 +77,23 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
             t = median_time(lambda x=x, w=w: torch.matmul(x, w.T), 5)
             out["matmul"][f"torch bf16 {name} x{rows}"] = flops / t
             q8 = model.lm_head_q8 if name == "lm_head" else layer.q8.get(name)
-            if q8 is not None and q8.tiled:
-                t = median_time(lambda x=x, q8=q8: q8.matmul(x, kernel="amx"), 5)
-                out["matmul"][f"int8 amx {name} x{rows}"] = flops / t
+            # the tile kernel a decode step of these rows takes (q8_amx past the VNNI rows;
+            # none past them without AMX)
+            kernel = q8_kernels.tile_kernel(rows)
+            if q8 is not None and q8.tiled and kernel is not None:
+                t = median_time(lambda x=x, q8=q8, k=kernel: q8.matmul(x, kernel=k), 5)
+                out["matmul"][f"int8 {kernel} {name} x{rows}"] = flops / t
     out["compute"] = max(out["matmul"].values())
     ghz = clock_ghz()
-    out["amx_peak"] = 1024 * ghz * 1e9 * threads if ghz else None
+    out["amx_peak"] = (1024 * ghz * 1e9 * threads if ghz and q8_kernels.amx_available()
+                       else None)
     return out
+
+
+def amx_peak(ceil: dict) -> str:
+    if ceil["amx_peak"] is None:
+        return "no AMX here"
+    return f"AMX bf16 peak from the clock {ceil['amx_peak'] / 1e12:.2f} TFLOP/s"
 
 
 def param_counts(model) -> tuple[int, int]:
@@ -191,7 +204,7 @@ def main() -> None:
     layers_p, head_p = param_counts(eng.model)
     ceil = ceilings(eng.model, threads, weight_bytes)
     log(f"[ceilings] {ceil['bandwidth'] / 1e9:.1f} GB/s, compute {ceil['compute'] / 1e12:.2f} "
-        f"TFLOP/s (AMX peak {ceil['amx_peak'] / 1e12 if ceil['amx_peak'] else 0:.2f})")
+        f"TFLOP/s ({amx_peak(ceil)})")
     rows = []
     profiles = {}
     for b in args.batches:
@@ -227,8 +240,7 @@ def main() -> None:
 
     print(f"\nceilings ({threads} threads): read {ceil['bandwidth'] / 1e9:.1f} GB/s of a "
           f"{weight_bytes / 1e6:.0f} MB buffer; best matmul {ceil['compute'] / 1e12:.2f} "
-          f"TFLOP/s; AMX bf16 peak from the clock "
-          f"{ceil['amx_peak'] / 1e12 if ceil['amx_peak'] else float('nan'):.2f} TFLOP/s")
+          f"TFLOP/s; {amx_peak(ceil)}")
     for k, v in sorted(ceil["matmul"].items()):
         print(f"  {k:28s} {v / 1e12:6.2f} TFLOP/s")
     print("\n| workload | tok/s | ms/step | GFLOP | bound | bound ms | share |")

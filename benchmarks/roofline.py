@@ -80,7 +80,8 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
             # the tile kernel a decode step of these rows takes (q8_amx past the VNNI rows;
             # none past them without AMX)
             kernel = q8_kernels.tile_kernel(rows)
-            if q8 is not None and q8.tiled and kernel is not None:
+            if (q8 is not None and q8.tiled and kernel is not None
+                    and q8.matmul(x, kernel=kernel) is not None):
                 t = median_time(lambda x=x, q8=q8, k=kernel: q8.matmul(x, kernel=k), 5)
                 out["matmul"][f"int8 {kernel} {name} x{rows}"] = flops / t
     out["compute"] = max(out["matmul"].values())

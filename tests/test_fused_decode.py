@@ -46,12 +46,12 @@ def assert_same_bits(fused: list, plain: list, tokens: int) -> None:
         assert all(torch.equal(a, b) for a, b in zip(la, lb))
 
 
-@pytest.mark.parametrize("batch", [1, 3, q8.VNNI_ROWS + 2, 40])
+@pytest.mark.parametrize("batch", [1, 3, q8.VNNI_ROWS + 2, 13, 40])
 def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
     """Sliding and full layers, rings that wrap (prompts and outputs past the window),
     rows of different lengths (masks), the VNNI and the AMX row counts (40: past the 32
-    rows the AMX path once stopped at; without AMX, 8 rows are q8_vnni's and 40 take bf16
-    layer by layer)."""
+    rows the AMX path once stopped at; without AMX, 8 and 13 rows are q8_vnni's, 13 in
+    calls of 8 and 5 rows, and 40 take bf16 layer by layer)."""
     if q8.tile_kernel(batch) is None:
         pytest.skip(f"no int8 tile kernel takes a decode step of {batch} rows here (AMX)")
     eng = bf16_engine_with_int8_weights(tiny_hybrid[0], max_running_requests=batch)

@@ -232,6 +232,14 @@ def test_vnni_rows_do_not_depend_on_their_batch_and_the_row_count_picks_the_kern
         assert torch.equal(w.matmul(x[lo:hi]), whole[lo:hi])
     if q8.amx_available():  # one row more: the tile unit
         assert torch.equal(w.matmul(x), w.matmul(x, kernel="amx"))
+    else:  # without AMX, up to VNNI_SPLIT_ROWS rows in calls of VNNI_MAX_ROWS
+        x = torch.randn(q8.VNNI_SPLIT_ROWS, 640,
+                        generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        split = w.matmul(x)
+        assert q8.tile_kernel(q8.VNNI_SPLIT_ROWS) == "vnni" and split is not None
+        for lo, hi in [(0, q8.VNNI_MAX_ROWS), (3, q8.VNNI_MAX_ROWS + 3), (15, 16)]:
+            assert torch.equal(w.matmul(x[lo:hi], kernel="vnni"), split[lo:hi])
+        assert q8.tile_kernel(q8.VNNI_SPLIT_ROWS + 1) is None
 
 
 @vnni

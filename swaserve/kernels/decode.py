@@ -17,7 +17,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class Fns(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
+    _fields_ = ([(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
+                + [("q8_rows", _I)])
 
 
 class Q8W(ctypes.Structure):
@@ -63,7 +64,8 @@ def entry_points(tile_kernel: str) -> Fns | None:
            norm.rope_entry(), attention.entry(), gelu.entry()]
     if _entry() is None or any(fn is None for fn in fns):
         return None
-    return Fns(*(address(fn) for fn in fns))
+    rows = q8.VNNI_MAX_ROWS if tile_kernel == "vnni" else 1 << 62  # q8_amx takes any
+    return Fns(*(address(fn) for fn in fns), rows)
 
 
 def heads_fit(heads: int, kv_heads: int, head_dim: int) -> bool:

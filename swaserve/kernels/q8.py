@@ -42,9 +42,11 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
 PROMPT_AMX_ROWS = 256
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
-# without AMX, q8_vnni takes every decode step one call takes (it beats bf16 there: on AMD
-# Zen 5 at 8 rows the LM head 8.3 ms against 16.2, a layer's products 0.7-0.9x the time;
-# at 32 rows in 8-row calls, bf16 is faster; benchmarks/README.md, session 16)
+# without AMX, q8_vnni takes decode steps up to VNNI_SPLIT_ROWS, in calls of up to
+# VNNI_MAX_ROWS rows (it beats bf16 there: on AMD Zen 5 the LM head at 8 rows 8.3 ms
+# against 16.2, at 16 in two calls 14.8 against 19-26; at 32 bf16 is faster;
+# benchmarks/README.md, session 16)
+VNNI_SPLIT_ROWS = 16
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
 _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
@@ -112,8 +114,8 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
 
 def vnni_rows() -> int:
     """The most rows of a decode step q8_vnni takes: VNNI_ROWS where q8_amx takes more,
-    all that one call takes where nothing but bf16 would."""
-    return VNNI_ROWS if amx_available() else VNNI_MAX_ROWS
+    VNNI_SPLIT_ROWS where nothing but bf16 would."""
+    return VNNI_ROWS if amx_available() else VNNI_SPLIT_ROWS
 
 
 def same_kernel_rows(m: int, tiled: bool = True) -> int:
@@ -377,12 +379,21 @@ class Q8Weight:
             return None
         x = x.contiguous()
         m, k = x.shape
+        if m < 1:
+            return None
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
-        q, flags = self.tiles_for("vnni" if fn is vnni_entry() else "amx")
+        vnni = fn is vnni_entry()
+        q, flags = self.tiles_for("vnni" if vnni else "amx")
         flags |= (y.dtype == torch.bfloat16) * _BF16_OUT | out_flag
-        rc = fn(x.data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
-                y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
-        return y if rc == 0 else None
+        # q8_vnni in calls of up to VNNI_MAX_ROWS rows: each row's sums are its own
+        step = VNNI_MAX_ROWS if vnni else m
+        for lo in range(0, m, step):
+            rows = min(step, m - lo)
+            rc = fn(x[lo].data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
+                    y[lo].data_ptr(), rows, self.shape[0], k, torch.get_num_threads())
+            if rc != 0:
+                return None
+        return y
 
     def _run_matvec(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Rows layout (`matmul` checked device and shape): None when the kernel is absent

@@ -102,18 +102,24 @@ def k_quant_case(kind: str, m: int) -> tuple[q8.Q8Weight, torch.Tensor]:
 
 
 amx = pytest.mark.skipif(not q8.amx_available(), reason="no AMX (or no compiler) here")
+dpbf16 = pytest.mark.skipif(not q8.dpbf16_available(),
+                            reason="no AVX-512 BF16 (or no compiler) here")
+# the two kernels that multiply the tiles widened to bf16: on the tile unit, and (without
+# one) with AVX-512 BF16 dot products
+bf16_tiles = pytest.mark.parametrize("kernel", [pytest.param("amx", marks=amx),
+                                                pytest.param("dpbf16", marks=dpbf16)])
 
 
-@amx
+@bf16_tiles
 @pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 48, 640), (16, 64, 96), (17, 32, 640),
                                    (32, 1536, 640), (33, 80, 64), (70, 256, 640)])
-def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
-    """The tile kernel multiplies bf16(scale * q), the values of the bf16 copy, by bf16
+def test_bf16_tiles_product_is_the_bf16_weight_product_in_float32(m, n, k, kernel):
+    """The kernel multiplies bf16(scale * q), the values of the bf16 copy, by bf16
     activations with float32 sums: float32 round-off from a float64 product of the same
     values, and measurably not the product of the unrounded weights."""
     w = random_weight(n, k, m).to_tiles()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
-    y = w.matmul(x, kernel="amx")
+    y = w.matmul(x, kernel=kernel)
     assert y.dtype == torch.float32 and y.shape == (m, n)
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
     unrounded = x.double() @ w.dequantize().double().T
@@ -122,18 +128,18 @@ def test_amx_product_is_the_bf16_weight_product_in_float32(m, n, k):
     assert (unrounded - ref).abs().max().item() > 10 * tol
 
 
-@amx
+@bf16_tiles
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m", [1, 19, 32])
-def test_amx_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
+def test_bf16_tiles_take_k_quants_with_offsets_and_scales_per_16(kind, m, kernel):
     w, x = k_quant_case(kind, m)
-    y = w.matmul(x, kernel="amx")
+    y = w.matmul(x, kernel=kernel)
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
     assert (y.double() - ref).abs().max().item() < 1e-6 * 32 * ref.abs().max().item()
 
 
-@amx
-def test_amx_takes_q8_0_scales_as_float16_exactly():
+@bf16_tiles
+def test_bf16_tiles_take_q8_0_scales_as_float16_exactly(kernel):
     rng = np.random.default_rng(0)
     w = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
                                      64, 640)
@@ -141,31 +147,31 @@ def test_amx_takes_q8_0_scales_as_float16_exactly():
     assert t.scales.dtype == torch.float16 and torch.equal(t.dequantize(), w.dequantize())
     x = torch.randn(3, 640, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     ref = x.double() @ w.dequantize().to(torch.bfloat16).double().T
-    y = t.matmul(x, kernel="amx")
+    y = t.matmul(x, kernel=kernel)
     assert (y.double() - ref).abs().max().item() < 1e-6 * 20 * ref.abs().max().item()
 
 
-@amx
-def test_amx_rows_do_not_depend_on_their_batch():
+@bf16_tiles
+def test_bf16_tiles_rows_do_not_depend_on_their_batch(kernel):
     w = random_weight(96, 640, 1).to_tiles()
     x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    whole = w.matmul(x, kernel="amx")
+    whole = w.matmul(x, kernel=kernel)
     for lo, hi in [(0, 1), (3, 20), (7, 40), (31, 33)]:
-        assert torch.equal(w.matmul(x[lo:hi], kernel="amx"), whole[lo:hi])
+        assert torch.equal(w.matmul(x[lo:hi], kernel=kernel), whole[lo:hi])
 
 
-@amx
+@bf16_tiles
 @pytest.mark.parametrize("m,n", [(1, 48), (17, 4096), (32, 80)])
-def test_amx_bf16_results_are_its_float32_sums_rounded_once(m, n):
+def test_bf16_tiles_bf16_results_are_their_float32_sums_rounded_once(m, n, kernel):
     w = random_weight(n, 640, m).to_tiles()
     x = torch.randn(m, 640, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    sums = w.matmul(x, kernel="amx")
-    y = w.matmul(x, dtype=torch.bfloat16, kernel="amx")
+    sums = w.matmul(x, kernel=kernel)
+    y = w.matmul(x, dtype=torch.bfloat16, kernel=kernel)
     assert y.dtype == torch.bfloat16 and torch.equal(y, sums.to(torch.bfloat16))
     into = torch.empty(m, n, dtype=torch.bfloat16)
-    assert w.matmul(x, out=into, kernel="amx") is into and torch.equal(into, y)
+    assert w.matmul(x, out=into, kernel=kernel) is into and torch.equal(into, y)
     with pytest.raises(ValueError, match="out must be contiguous"):
-        w.matmul(x, out=torch.empty(m, n, dtype=torch.float16), kernel="amx")
+        w.matmul(x, out=torch.empty(m, n, dtype=torch.float16), kernel=kernel)
 
 
 vnni = pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI (or no compiler)")
@@ -232,14 +238,16 @@ def test_vnni_rows_do_not_depend_on_their_batch_and_the_row_count_picks_the_kern
         assert torch.equal(w.matmul(x[lo:hi]), whole[lo:hi])
     if q8.amx_available():  # one row more: the tile unit
         assert torch.equal(w.matmul(x), w.matmul(x, kernel="amx"))
-    else:  # without AMX, up to VNNI_SPLIT_ROWS rows in calls of VNNI_MAX_ROWS
-        x = torch.randn(q8.VNNI_SPLIT_ROWS, 640,
-                        generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-        split = w.matmul(x)
-        assert q8.tile_kernel(q8.VNNI_SPLIT_ROWS) == "vnni" and split is not None
-        for lo, hi in [(0, q8.VNNI_MAX_ROWS), (3, q8.VNNI_MAX_ROWS + 3), (15, 16)]:
-            assert torch.equal(w.matmul(x[lo:hi], kernel="vnni"), split[lo:hi])
-        assert q8.tile_kernel(q8.VNNI_SPLIT_ROWS + 1) is None
+    rows = q8.vnni_rows()
+    assert q8.tile_kernel(rows) == "vnni" and q8.tile_kernel(rows + 1) != "vnni"
+    # more rows than one call takes (a decode step without AMX nor AVX-512 BF16 goes up to
+    # VNNI_SPLIT_ROWS): calls of VNNI_MAX_ROWS, each row's sums its own
+    x = torch.randn(q8.VNNI_SPLIT_ROWS, 640,
+                    generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    split = w._run_tiles(q8.vnni_entry(), x, torch.empty(q8.VNNI_SPLIT_ROWS, 96))
+    assert split is not None
+    for lo, hi in [(0, q8.VNNI_MAX_ROWS), (3, q8.VNNI_MAX_ROWS + 3), (15, 16)]:
+        assert torch.equal(w.matmul(x[lo:hi], kernel="vnni"), split[lo:hi])
 
 
 @vnni

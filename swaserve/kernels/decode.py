@@ -54,17 +54,17 @@ def _entry():
     return build.function("decode", "decode_layers")
 
 
-TILE_KERNELS = {"vnni": q8.vnni_entry, "amx": q8.amx_entry}
+TILE_KERNELS = q8.TILE_ENTRIES
 
 
 def entry_points(tile_kernel: str) -> Fns | None:
-    """The kernels decode.c calls, with `tile_kernel` ("vnni" or "amx") for the matmuls;
+    """The kernels decode.c calls, with `tile_kernel` (a key of TILE_KERNELS) for the matmuls;
     None when one of them (or decode.c itself) cannot be built here."""
     fns = [TILE_KERNELS[tile_kernel](), norm.norm_entry(), norm.add_norm_entry(),
            norm.rope_entry(), attention.entry(), gelu.entry()]
     if _entry() is None or any(fn is None for fn in fns):
         return None
-    rows = q8.VNNI_MAX_ROWS if tile_kernel == "vnni" else 1 << 62  # q8_amx takes any
+    rows = q8.VNNI_MAX_ROWS if tile_kernel == "vnni" else 1 << 62  # the others take any
     return Fns(*(address(fn) for fn in fns), rows)
 
 

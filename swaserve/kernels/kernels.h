@@ -43,6 +43,8 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
             void *y, int64_t m, int64_t n, int64_t k, int threads);
 int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
            void *y, int64_t m, int64_t n, int64_t k, int threads);
+int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads);
 
 /* attention.c: decode attention over the cache in place */
 int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,

@@ -323,49 +323,17 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
 }
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-/* The same int8 blocks widened to bf16 tiles (each weight times its scale, minus its
- * offset, rounded once to bf16: the very values of the bf16 copy) and multiplied on AMX
- * with float32 sums; a row's result does not depend on the other rows of the call.
- * Weights are packed so that a block of 16 outputs x 32 inputs is one tile in AMX's
- * pair-interleaved order: pq [N/16][K/32][16 pairs][16][2] int8, scales (and offsets)
- * [N/16][K/32][(2,) 16]. A thread takes pairs of column blocks; up to 32 rows it widens
- * each block as it uses it, with more rows it widens a pair over all of K once and reuses
- * it for every 32 rows. */
+#if defined(__AVX512BF16__)
+/* What q8_amx and q8_dpbf16 share: int8 blocks widened to bf16 tiles. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define TILE_BYTES 1024 /* 16 rows x 64 bytes */
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tilecfg_t;
-
-typedef struct {
-    const uint16_t *x;   /* bf16 [m, k] */
-    const int8_t *pq;
-    const void *ps;      /* scales: float, or float16 with Q8_F16_SCALES */
-    const float *po;     /* offsets (or NULL) */
-    void *y;             /* [m, n] float32, or bf16 with Q8_BF16_OUT */
-    int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
-    int flags;           /* Q8_HALVES, Q8_F16_SCALES, Q8_BF16_OUT, Q8_ARGMAX_OUT */
-    int rc;
-    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
-    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
-} amx_job_t;
 
 /* one 16 x 32 block as a bf16 tile: row r holds, for each output, inputs 2r and 2r + 1,
  * each value = q * scale - offset with the scale (and offset) of its output and of its
  * 16 (halves) or 32 inputs; q * scale is exact in float32 for every GGUF format taken */
-#define STREAM_OUTPUTS (1 << 20) /* outputs from which y is written around the cache */
-
 static inline __m512 load_scales(const void *ps, int i, int flags) {
     if (flags & Q8_F16_SCALES)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)ps + i)));
@@ -395,6 +363,43 @@ static void widen_tile(const int8_t *pq, const void *ps, const float *po, int fl
         }
     }
 }
+
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+/* The same int8 blocks widened to bf16 tiles (each weight times its scale, minus its
+ * offset, rounded once to bf16: the very values of the bf16 copy) and multiplied on AMX
+ * with float32 sums; a row's result does not depend on the other rows of the call.
+ * Weights are packed so that a block of 16 outputs x 32 inputs is one tile in AMX's
+ * pair-interleaved order: pq [N/16][K/32][16 pairs][16][2] int8, scales (and offsets)
+ * [N/16][K/32][(2,) 16]. A thread takes pairs of column blocks; up to 32 rows it widens
+ * each block as it uses it, with more rows it widens a pair over all of K once and reuses
+ * it for every 32 rows. */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define STREAM_OUTPUTS (1 << 20) /* outputs from which y is written around the cache */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+typedef struct {
+    const uint16_t *x;   /* bf16 [m, k] */
+    const int8_t *pq;
+    const void *ps;      /* scales: float, or float16 with Q8_F16_SCALES */
+    const float *po;     /* offsets (or NULL) */
+    void *y;             /* [m, n] float32, or bf16 with Q8_BF16_OUT */
+    int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
+    int flags;           /* Q8_HALVES, Q8_F16_SCALES, Q8_BF16_OUT, Q8_ARGMAX_OUT */
+    int rc;
+    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
+    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
+} amx_job_t;
 
 static void config(int rows0, int rows1) {
     /* tiles 0-3: C[i][j] (rows of i, 16 floats); 4, 5: A[i] (32 bf16); 6, 7: B[j] */
@@ -623,5 +628,119 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;
     return -2; /* no AMX on this machine */
+}
+#endif
+
+#if defined(__AVX512BF16__)
+/* The tiles of q8_amx without the tile unit (AVX-512 BF16: AMD Zen 4 and 5, Intel before
+ * Sapphire Rapids): the same int8 blocks widened to the same bf16 values, multiplied with
+ * VDPBF16PS, float32 sums in the order of the inputs. Each 32-bit lane of a widened tile
+ * row holds one output's pair of inputs, so a row of x, its pair broadcast, takes 16
+ * outputs x 2 inputs in one instruction. A thread takes pairs of column blocks, widens
+ * them over all of K once and runs the rows DP_ROWS at a time (2 x DP_ROWS sums in
+ * registers); a row's result does not depend on the other rows of the call. */
+#define DP_ROWS 12
+
+typedef struct {
+    const uint16_t *x;   /* bf16 [m, k] */
+    const int8_t *pq;
+    const void *ps;
+    const float *po;
+    void *y;             /* [m, n] float32, or bf16 with Q8_BF16_OUT */
+    int64_t m, n, k, lo, hi;
+    int flags;
+    int rc;
+} dp_job_t;
+
+/* rows of x (from row m0) x two widened column blocks b0, b1 over all of K, into y */
+static inline __attribute__((always_inline)) void dp_rows(const dp_job_t *j, const uint16_t *b0,
+                                                          const uint16_t *b1, int64_t m0,
+                                                          int64_t cb, int two, const int rows) {
+    const int64_t nkb = j->k / BLOCK, ldx = j->k / 2;
+    const int32_t *x = (const int32_t *)(j->x + m0 * j->k);
+    __m512 acc0[DP_ROWS], acc1[DP_ROWS];
+    for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        for (int p = 0; p < 16; p++) {
+            const __m512bh w0 = (__m512bh)_mm512_load_si512((const void *)(b0 + kb * 512 + p * 32));
+            const __m512bh w1 = (__m512bh)_mm512_load_si512((const void *)(b1 + kb * 512 + p * 32));
+            for (int r = 0; r < rows; r++) {
+                const __m512bh xp = (__m512bh)_mm512_set1_epi32(x[r * ldx + kb * 16 + p]);
+                acc0[r] = _mm512_dpbf16_ps(acc0[r], w0, xp);
+                acc1[r] = _mm512_dpbf16_ps(acc1[r], w1, xp);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const int64_t at = (m0 + r) * j->n + cb * 16;
+        if (j->flags & Q8_BF16_OUT) {
+            uint16_t *dst = (uint16_t *)j->y + at;
+            if (two)
+                _mm512_storeu_si512((void *)dst, (__m512i)_mm512_cvtne2ps_pbh(acc1[r], acc0[r]));
+            else
+                _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(acc0[r]));
+        } else {
+            float *dst = (float *)j->y + at;
+            _mm512_storeu_ps(dst, acc0[r]);
+            if (two) _mm512_storeu_ps(dst + 16, acc1[r]);
+        }
+    }
+}
+
+static void *dp_run(void *arg) {
+    dp_job_t *j = (dp_job_t *)arg;
+    const int64_t nkb = j->k / BLOCK;
+    const int64_t per = j->flags & Q8_HALVES ? 32 : 16;  /* scales a block */
+    const int64_t ssize = j->flags & Q8_F16_SCALES ? 2 : 4;
+    uint16_t *buf = aligned_alloc(64, (size_t)nkb * 2 * TILE_BYTES);
+    if (!buf) { j->rc = -1; return 0; }
+    for (int64_t cb = j->lo; cb < j->hi; cb += 2) {
+        const int two = cb + 1 < j->hi;
+        for (int t = 0; t < 2; t++)  /* a lone last block is widened twice, one sum kept */
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                const int64_t blk = (cb + (two ? t : 0)) * nkb + kb;
+                widen_tile(j->pq + blk * 512, (const char *)j->ps + blk * per * ssize,
+                           j->po ? j->po + blk * per : 0, j->flags, buf + (t * nkb + kb) * 512);
+            }
+        const uint16_t *b0 = buf, *b1 = buf + nkb * 512;
+        for (int64_t m0 = 0; m0 < j->m; m0 += DP_ROWS) {
+            const int64_t left = j->m - m0;
+            switch (left < DP_ROWS ? left : DP_ROWS) {
+#define DP_CASE(R) case R: dp_rows(j, b0, b1, m0, cb, two, R); break;
+                DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4) DP_CASE(5) DP_CASE(6)
+                DP_CASE(7) DP_CASE(8) DP_CASE(9) DP_CASE(10) DP_CASE(11) DP_CASE(12)
+#undef DP_CASE
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* 0 on success; -1 for shapes (or flags: Q8_ARGMAX_OUT) it does not take */
+int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads) {
+    if (m < 1 || n % 16 || k % BLOCK || threads < 1 || (flags & Q8_ARGMAX_OUT)) return -1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    const int64_t blocks = n / 16, pairs = (blocks + 1) / 2;
+    int njobs = threads * JOBS_PER_THREAD < pairs ? threads * JOBS_PER_THREAD : (int)pairs;
+    dp_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
+    const int64_t per = (pairs + njobs - 1) / njobs;
+    for (int t = 0; t < njobs; t++) {
+        int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
+        int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
+        jobs[t] = (dp_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0};
+    }
+    parallel(dp_run, jobs, sizeof(dp_job_t), njobs, threads);
+    for (int t = 0; t < njobs; t++)
+        if (jobs[t].rc) return jobs[t].rc;
+    return 0;
+}
+#else
+int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads) {
+    (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
+    (void)threads;
+    return -2; /* no AVX-512 BF16 on this machine */
 }
 #endif

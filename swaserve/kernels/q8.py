@@ -20,8 +20,11 @@ without a compiler the bf16 path is used). Two layouts:
   float32): the file's exact weights, ~1e-5 from a float64 product where the bf16 copy's
   weights are ~2e-3 off. More rows go to `q8_amx`,
   which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
-  bf16 copy) and multiplies it on the tile unit, for any number of rows. What each costs,
-  and why the row limits are where they are: benchmarks/README.md (sessions 3, 5 and 7).
+  bf16 copy) and multiplies it on the tile unit, for any number of rows. On CPUs without
+  AMX, `q8_dpbf16` multiplies the same widened tiles with AVX-512 BF16 dot products
+  (VDPBF16PS: AMD Zen 4 and 5), any number of rows, for decode steps past q8_vnni's;
+  prompt chunks there take bf16, which it only matches from 64 rows on. What each costs,
+  and why the row limits are where they are: benchmarks/README.md (sessions 3, 5, 7, 16).
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
 PROMPT_AMX_ROWS = 256
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
-# without AMX, q8_vnni takes decode steps up to VNNI_SPLIT_ROWS, in calls of up to
-# VNNI_MAX_ROWS rows (it beats bf16 there: on AMD Zen 5 the LM head at 8 rows 8.3 ms
-# against 16.2, at 16 in two calls 14.8 against 19-26; at 32 bf16 is faster;
-# benchmarks/README.md, session 16)
+# without AMX, q8_vnni takes decode steps up to the rows one call takes and q8_dpbf16
+# those past them; without AVX-512 BF16 either, q8_vnni goes on to VNNI_SPLIT_ROWS in
+# calls of VNNI_MAX_ROWS (on AMD Zen 5, against bf16: the LM head at 8 rows 8.3 ms against
+# 16.2, at 16 in two calls 14.8 against 19-26; benchmarks/README.md, session 16)
 VNNI_SPLIT_ROWS = 16
 VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
 TILE_N = 16  # outputs in one AMX tile
@@ -54,6 +57,7 @@ _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
     for n in ("HALVES", "F16_SCALES", "BF16_OUT", "ARGMAX_OUT", "PACK4", "PACK5"))
 _amx_ok: bool | None = None
 _vnni_ok: bool | None = None
+_dpbf16_ok: bool | None = None
 
 
 def _matvec():
@@ -67,6 +71,13 @@ def amx_entry():
 
 def vnni_entry():
     return build.function("q8", "q8_vnni")
+
+
+def dpbf16_entry():
+    return build.function("q8", "q8_dpbf16")
+
+
+TILE_ENTRIES = {"vnni": vnni_entry, "amx": amx_entry, "dpbf16": dpbf16_entry}
 
 
 def available() -> bool:
@@ -101,21 +112,35 @@ def vnni_available() -> bool:
     return _vnni_ok
 
 
+def dpbf16_available() -> bool:
+    """The kernel was built with AVX-512 BF16 (checked once)."""
+    global _dpbf16_ok
+    if _dpbf16_ok is None:
+        _dpbf16_ok = _works(dpbf16_entry())
+    return _dpbf16_ok
+
+
 def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> str | None:
-    """The tile kernel for m rows: `kernel` ("vnni" or "amx", for a prompt chunk up to
-    PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them; without one,
-    q8_vnni up to `vnni_rows()`, else q8_amx. None when none does."""
+    """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" for a prompt
+    chunk up to PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them;
+    without one, q8_vnni up to `vnni_rows()`, else q8_amx, else (no AMX) q8_dpbf16. None
+    when none does."""
     vnni = m <= (VNNI_MAX_ROWS if kernel else vnni_rows()) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
-        return kernel if {"vnni": vnni, "amx": amx}[kernel] else None
-    return "vnni" if vnni else "amx" if amx else None
+        ok = {"vnni": vnni, "amx": amx, "dpbf16": kernel == "dpbf16" and dpbf16_available()}
+        return kernel if ok[kernel] else None
+    if vnni or amx:
+        return "vnni" if vnni else "amx"
+    return "dpbf16" if dpbf16_available() else None
 
 
 def vnni_rows() -> int:
     """The most rows of a decode step q8_vnni takes: VNNI_ROWS where q8_amx takes more,
-    VNNI_SPLIT_ROWS where nothing but bf16 would."""
-    return VNNI_ROWS if amx_available() else VNNI_SPLIT_ROWS
+    the rows of one call where q8_dpbf16 does, VNNI_SPLIT_ROWS where only bf16 would."""
+    if amx_available():
+        return VNNI_ROWS
+    return VNNI_MAX_ROWS if dpbf16_available() else VNNI_SPLIT_ROWS
 
 
 def same_kernel_rows(m: int, tiled: bool = True) -> int:
@@ -337,7 +362,7 @@ class Q8Weight:
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
             kernel = tile_kernel(x.shape[0], kernel, any_rows=True)
-            fn = vnni_entry() if kernel == "vnni" else amx_entry() if kernel == "amx" else None
+            fn = TILE_ENTRIES[kernel]() if kernel is not None else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)
         sums = out if out is not None and out.dtype == torch.float32 else torch.empty(shape)
@@ -359,8 +384,8 @@ class Q8Weight:
         return self._run_tiles(amx_entry(), x, tokens, _ARGMAX_OUT)
 
     def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:
-        """(the values, the flags) tile kernel `kernel` ("vnni" or "amx") reads: q8_vnni
-        the packed values where this weight has them, q8_amx the int8 tiles."""
+        """(the values, the flags) tile kernel `kernel` reads: q8_vnni the packed values
+        where this weight has them, q8_amx and q8_dpbf16 the int8 tiles."""
         if kernel == "vnni" and self.packed is not None:
             packed, flag = self.packed
             return packed, self.tile_flags | flag
@@ -373,8 +398,8 @@ class Q8Weight:
 
     def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor,
                    out_flag: int = 0) -> torch.Tensor | None:
-        """q8_vnni or q8_amx (the same arguments) on this tiled weight, into y: its sums,
-        or with out_flag _ARGMAX_OUT (q8_amx) each row's argmax"""
+        """A tile kernel (q8_vnni, q8_amx, q8_dpbf16: the same arguments) on this tiled
+        weight, into y: its sums, or with out_flag _ARGMAX_OUT (q8_amx) each row's argmax"""
         if fn is None or x.dtype != torch.bfloat16:
             return None
         x = x.contiguous()

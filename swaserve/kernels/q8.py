@@ -14,7 +14,7 @@ without a compiler the bf16 path is used). Two layouts:
   of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Tiles of Q5_0
   and Q4_K values are also kept packed in 5 and 4 bits (`_pack`), which q8_vnni reads
   instead (a batch-1 step waits on the bytes it reads; the same bits come out). Up to
-  VNNI_ROWS rows (VNNI_SPLIT_ROWS on CPUs without AMX) `q8_vnni` writes each row of
+  VNNI_ROWS rows (`vnni_rows()` on CPUs without AMX) `q8_vnni` writes each row of
   activations as int16 with a power of two per 32 inputs and multiplies the int8 values
   themselves (VPDPWSSD, exact integer sums per group, scales and offsets applied in
   float32): the file's exact weights, ~1e-5 from a float64 product where the bf16 copy's

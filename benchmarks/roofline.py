@@ -2,7 +2,7 @@
 
 First the ceilings, with the threads the engine uses: the streamed read bandwidth of a
 weight-sized buffer, torch's bf16 matmul and swaserve's int8 product (the tile kernel a
-decode step of those rows takes: q8_vnni, or q8_amx) at the model's shapes (the best of
+decode step of those rows takes: q8_vnni, q8_amx or q8_dpbf16) at the model's shapes (the best of
 them is the compute ceiling), and on a CPU with AMX its peak from the clock (1,024 bf16
 FLOP a cycle a core). Then the engine (bundled Gemma 3 270M, bf16, no prefix cache):
 decode at each batch size (128-token prompts; the median decode step) and prefill of one
@@ -77,8 +77,8 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
             t = median_time(lambda x=x, w=w: torch.matmul(x, w.T), 5)
             out["matmul"][f"torch bf16 {name} x{rows}"] = flops / t
             q8 = model.lm_head_q8 if name == "lm_head" else layer.q8.get(name)
-            # the tile kernel a decode step of these rows takes (q8_amx past the VNNI rows;
-            # none past them without AMX)
+            # the tile kernel a decode step of these rows takes (q8_vnni, then q8_amx or,
+            # without AMX, q8_dpbf16)
             kernel = q8_kernels.tile_kernel(rows)
             if (q8 is not None and q8.tiled and kernel is not None
                     and q8.matmul(x, kernel=kernel) is not None):

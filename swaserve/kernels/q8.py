@@ -23,7 +23,7 @@ without a compiler the bf16 path is used). Two layouts:
   bf16 copy) and multiplies it on the tile unit, for any number of rows. On CPUs without
   AMX, `q8_dpbf16` multiplies the same widened tiles with AVX-512 BF16 dot products
   (VDPBF16PS: AMD Zen 4 and 5), any number of rows, for decode steps past q8_vnni's;
-  prompt chunks there take bf16, which it only matches from 64 rows on. What each costs,
+  prompt chunks there stay in bf16 (no faster on it from 64 rows on). What each costs,
   and why the row limits are where they are: benchmarks/README.md (sessions 3, 5, 7, 16).
 """
 
@@ -128,7 +128,7 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
     vnni = m <= (VNNI_MAX_ROWS if kernel else vnni_rows()) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
-        ok = {"vnni": vnni, "amx": amx, "dpbf16": kernel == "dpbf16" and dpbf16_available()}
+        ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16_available()}
         return kernel if ok[kernel] else None
     if vnni or amx:
         return "vnni" if vnni else "amx"
@@ -348,9 +348,9 @@ class Q8Weight:
         """x [M, K] (CPU) @ W.T, float32 sums, as `dtype` (float32 or bf16, each sum rounded
         once) or into `out` (contiguous [M, N] of either); None when no kernel here takes
         it. Tiles take bf16 x: up to vnni_rows() rows through q8_vnni (the exact weights,
-        int16 activations), more through q8_amx (the bf16 copy's weights); `kernel` ("vnni"
-        or "amx") picks one whatever the rows. Rows take up to
-        MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second
+        int16 activations), more through q8_amx or, without AMX, q8_dpbf16 (the bf16 copy's
+        weights); `kernel` ("vnni", "amx", "dpbf16") picks one whatever the rows. Rows take
+        up to MAX_ROWS rows. The tile kernels write bf16 themselves (a cast after was a second
         pass over every output, ~2 ms of a batch-32 step); the rows kernel writes float32,
         cast here."""
         if x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != self.shape[1]:
@@ -408,7 +408,7 @@ class Q8Weight:
             return None
         offsets = 0 if self.offsets is None else self.offsets.data_ptr()
         vnni = fn is vnni_entry()
-        q, flags = self.tiles_for("vnni" if vnni else "amx")
+        q, flags = self.tiles_for("vnni" if vnni else "amx")  # the others read the int8 tiles
         flags |= (y.dtype == torch.bfloat16) * _BF16_OUT | out_flag
         # q8_vnni in calls of up to VNNI_MAX_ROWS rows: each row's sums are its own
         step = VNNI_MAX_ROWS if vnni else m

@@ -68,7 +68,7 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
     out: dict = {"bandwidth": bw, "threads": threads, "matmul": {}}
     from swaserve.kernels import q8 as q8_kernels
 
-    for rows in (q8_kernels.VNNI_MAX_ROWS, 32, 128, 512):
+    for rows in (q8_kernels.VNNI_CHUNK, 32, 128, 512):
         for name, w in shapes.items():
             if name == "lm_head" and rows > 32:
                 continue

@@ -50,8 +50,9 @@ def assert_same_bits(fused: list, plain: list, tokens: int) -> None:
 def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
     """Sliding and full layers, rings that wrap (prompts and outputs past the window),
     rows of different lengths (masks), the VNNI and the AMX row counts (40: past the 32
-    rows the AMX path once stopped at; without AMX, 8 and 13 rows are q8_vnni's, 13 in
-    calls of 8 and 5 rows, and 40 take bf16 layer by layer)."""
+    rows the AMX path once stopped at; without AMX, 8 rows are q8_vnni's and 13 and 40
+    q8_dpbf16's, or without AVX-512 BF16 13 q8_vnni's in passes of 8 and 5 rows and 40
+    bf16 layer by layer)."""
     if q8.tile_kernel(batch) is None:
         pytest.skip(f"no int8 tile kernel takes a decode step of {batch} rows here (AMX)")
     eng = bf16_engine_with_int8_weights(tiny_hybrid[0], max_running_requests=batch)

@@ -240,14 +240,24 @@ def test_vnni_rows_do_not_depend_on_their_batch_and_the_row_count_picks_the_kern
         assert torch.equal(w.matmul(x), w.matmul(x, kernel="amx"))
     rows = q8.vnni_rows()
     assert q8.tile_kernel(rows) == "vnni" and q8.tile_kernel(rows + 1) != "vnni"
-    # more rows than one call takes (a decode step without AMX nor AVX-512 BF16 goes up to
-    # VNNI_SPLIT_ROWS): calls of VNNI_MAX_ROWS, each row's sums its own
-    x = torch.randn(q8.VNNI_SPLIT_ROWS, 640,
+    # more rows than one pass keeps in registers (a decode step without AMX nor AVX-512
+    # BF16 goes up to VNNI_SPLIT_ROWS, an explicit "vnni" any): passes of VNNI_CHUNK and a
+    # last shorter one, each row's sums its own wherever it falls
+    x = torch.randn(3 * q8.VNNI_CHUNK + 5, 640,
                     generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    split = w._run_tiles(q8.vnni_entry(), x, torch.empty(q8.VNNI_SPLIT_ROWS, 96))
-    assert split is not None
-    for lo, hi in [(0, q8.VNNI_MAX_ROWS), (3, q8.VNNI_MAX_ROWS + 3), (15, 16)]:
-        assert torch.equal(w.matmul(x[lo:hi], kernel="vnni"), split[lo:hi])
+    many = w.matmul(x, kernel="vnni")
+    assert many is not None
+    assert_int16_product(many, x, w)
+    chunk = q8.VNNI_CHUNK
+    for lo, hi in [(0, chunk), (3, chunk + 3), (chunk - 1, 2 * chunk + 4), (len(x) - 1, len(x))]:
+        assert torch.equal(w.matmul(x[lo:hi], kernel="vnni"), many[lo:hi])
+    # rows in spans a thread keeps in L2 (VNNI_SPAN_BYTES: 16 rows at k = 8192)
+    wide = random_weight(32, 8192, 5).to_tiles()
+    x = torch.randn(29, 8192, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    spans = wide.matmul(x, kernel="vnni")
+    assert_int16_product(spans, x, wide)
+    for lo, hi in [(0, 1), (15, 17), (16, 29)]:
+        assert torch.equal(wide.matmul(x[lo:hi], kernel="vnni"), spans[lo:hi])
 
 
 @vnni

@@ -33,7 +33,6 @@ typedef struct decode_fns {
     rope_fn rope;
     attn_fn attn;
     gelu_fn gelu;
-    int64_t q8_rows; /* the most rows one q8 call takes: more go in calls of that many */
 } fns_t;
 
 typedef struct { /* an int8 weight in tile order (q8.py), [n, k] */
@@ -74,13 +73,9 @@ int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
     const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, qkv_n = qs + 2 * kvs;
     int rc;
 #define Q8(w, in, out)                                                                    \
-    for (int64_t r0 = 0; r0 < m; r0 += f->q8_rows) {                                      \
-        const int64_t rows = m - r0 < f->q8_rows ? m - r0 : f->q8_rows;                   \
-        if ((rc = f->q8((in) + r0 * (w).k, (w).pq, (w).ps, (w).po,                          \
-                        (int)(w).flags | Q8_BF16_OUT, (out) + r0 * (w).n, rows, (w).n,      \
-                        (w).k, threads)))                                                 \
-            return rc;                                                                    \
-    }
+    if ((rc = f->q8((in), (w).pq, (w).ps, (w).po, (int)(w).flags | Q8_BF16_OUT, (out), m,     \
+                    (w).n, (w).k, threads)))                                              \
+        return rc;
     for (int64_t i = 0; i < num_layers; i++) {
         const layer_t *L = layers + i;
         const kind_t *kd = kinds + L->kind;

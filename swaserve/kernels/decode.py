@@ -17,8 +17,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class Fns(ctypes.Structure):
-    _fields_ = ([(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
-                + [("q8_rows", _I)])
+    _fields_ = [(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
 
 
 class Q8W(ctypes.Structure):
@@ -64,8 +63,7 @@ def entry_points(tile_kernel: str) -> Fns | None:
            norm.rope_entry(), attention.entry(), gelu.entry()]
     if _entry() is None or any(fn is None for fn in fns):
         return None
-    rows = q8.VNNI_MAX_ROWS if tile_kernel == "vnni" else 1 << 62  # the others take any
-    return Fns(*(address(fn) for fn in fns), rows)
+    return Fns(*(address(fn) for fn in fns))
 
 
 def heads_fit(heads: int, kv_heads: int, head_dim: int) -> bool:

@@ -19,9 +19,9 @@
                            block, 16 input pairs x 16 bytes, value 2b low and 2b + 1 high */
 #define Q8_PACK5 32     /* q8_vnni: 5-bit u = q + 16 (q in -16..15): those nibbles, then per
                            pair a uint32 of the fifth bits */
-/* q8.c: rows of activations one call takes */
+/* q8.c: rows of activations one call takes (q8_vnni, q8_amx, q8_dpbf16: any) */
 #define Q8_MAX_ROWS 8      /* q8_matvec */
-#define Q8_VNNI_MAX_ROWS 8 /* q8_vnni */
+#define Q8_VNNI_CHUNK 8    /* q8_vnni: rows whose sums one pass over a block keeps in registers */
 
 /* attention.c: the per-head buffers */
 #define ATTN_MAX_GROUP 16 /* query heads per key/value head */

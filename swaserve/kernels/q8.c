@@ -4,8 +4,8 @@
  * group of inputs, the GGUF formats read exactly (kernels/q8.py). Each weight is read
  * once, as 1 byte plus its share of the scales, for every activation row of the call:
  * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to Q8_MAX_ROWS rows;
- * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, up to
- *   Q8_VNNI_MAX_ROWS rows (the exact weights);
+ * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, any
+ *   number of rows, Q8_VNNI_CHUNK at a time (the exact weights);
  * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows.
  * Threads split the output features. Built at run time on the machine that runs it
  * (-O3 -march=native), so the loops vectorise with that machine's instructions.
@@ -137,6 +137,8 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
 
 #include "simd.h"
 
+#define VNNI_CHUNK Q8_VNNI_CHUNK
+#define VNNI_SPAN_BYTES (256 << 10) /* int16 activations a thread keeps in L2 */
 
 typedef struct {
     const int16_t *xq;   /* [m, k] */
@@ -174,16 +176,19 @@ static inline __attribute__((always_inline)) __m512i vnni_weights(const int8_t *
     return _mm512_cvtepu8_epi16(u);
 }
 
+/* rows r0 .. r0 + M of x times column block cb, into y */
 static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
-                                                             const int M, const int A,
-                                                             const int BITS) {
+                                                             int64_t r0, const int M,
+                                                             const int A, const int BITS) {
     const int64_t nkb = j->k / 32, bsize = BITS == 8 ? 512 : BITS == 5 ? 320 : 256;
     const int halves = j->flags & Q8_HALVES, f16 = j->flags & Q8_F16_SCALES, groups = halves ? 2 : 1;
     const int64_t per = halves ? 32 : 16, ngroups = nkb * groups;
     const int8_t *pq = j->pq + cb * nkb * bsize;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
-    __m512 f[Q8_VNNI_MAX_ROWS];
+    const int16_t *xq = j->xq + r0 * j->k;
+    const float *xs = j->xs + r0 * nkb, *xsum = j->xsum ? j->xsum + r0 * ngroups : 0;
+    __m512 f[VNNI_CHUNK];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
         const int8_t *blk = pq + kb * bsize;
@@ -193,14 +198,14 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
             _mm_prefetch((const char *)blk + 8 * bsize + l * 64, _MM_HINT_T0);
         for (int h = 0; h < groups; h++) {
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
-            __m512i acc[Q8_VNNI_MAX_ROWS * A];
+            __m512i acc[VNNI_CHUNK * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
             for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
                 for (int a = 0; a < A; a++) {
                     const __m512i w = vnni_weights(blk, p + a, BITS);
                     for (int i = 0; i < M; i++) {
                         int32_t pair;
-                        memcpy(&pair, j->xq + i * j->k + kb * 32 + 2 * (p + a), 4);
+                        memcpy(&pair, xq + i * j->k + kb * 32 + 2 * (p + a), 4);
                         acc[i * A + a] = _mm512_dpwssd_epi32(acc[i * A + a], w,
                                                              _mm512_set1_epi32(pair));
                     }
@@ -210,45 +215,56 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
             const __m512 s = vnni_scales(ps + (kb * per + h * 16) * (f16 ? 2 : 4), 0, f16);
             for (int i = 0; i < M; i++)
                 f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i * A]),
-                                       _mm512_mul_ps(s, _mm512_set1_ps(j->xs[i * nkb + kb])), f[i]);
+                                       _mm512_mul_ps(s, _mm512_set1_ps(xs[i * nkb + kb])), f[i]);
             if (po) {
                 const __m512 o = _mm512_loadu_ps(po + kb * per + h * 16);
                 for (int i = 0; i < M; i++)
-                    f[i] = _mm512_fnmadd_ps(o, _mm512_set1_ps(j->xsum[i * ngroups + kb * groups + h]),
+                    f[i] = _mm512_fnmadd_ps(o, _mm512_set1_ps(xsum[i * ngroups + kb * groups + h]),
                                             f[i]);
             }
         }
     }
     for (int i = 0; i < M; i++) {
         if (j->flags & Q8_BF16_OUT)
-            _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + i * j->n + cb * 16),
+            _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + (r0 + i) * j->n + cb * 16),
                                 to_bf16(f[i]));
         else
-            _mm512_storeu_ps((float *)j->y + i * j->n + cb * 16, f[i]);
+            _mm512_storeu_ps((float *)j->y + (r0 + i) * j->n + cb * 16, f[i]);
     }
 }
 
-#define VNNI_ROWS_CASES(BITS)                                    \
-    switch (j->m) {                                              \
-    case 1: vnni_block(j, cb, 1, 4, BITS); break;                \
-    case 2: vnni_block(j, cb, 2, 2, BITS); break;                \
-    case 3: vnni_block(j, cb, 3, 1, BITS); break;                \
-    case 4: vnni_block(j, cb, 4, 1, BITS); break;                \
-    case 5: vnni_block(j, cb, 5, 1, BITS); break;                \
-    case 6: vnni_block(j, cb, 6, 1, BITS); break;                \
-    case 7: vnni_block(j, cb, 7, 1, BITS); break;                \
-    default: vnni_block(j, cb, 8, 1, BITS); break;               \
+/* a column block's rows VNNI_CHUNK at a time: its weights, read from memory for the
+ * first chunk, stay in L1 for the others */
+#define VNNI_ROWS_CASES(BITS)                                                    \
+    for (int64_t r0 = rs; r0 < re; r0 += VNNI_CHUNK) {                           \
+        switch (re - r0 < VNNI_CHUNK ? re - r0 : VNNI_CHUNK) {                   \
+        case 1: vnni_block(j, cb, r0, 1, 4, BITS); break;                        \
+        case 2: vnni_block(j, cb, r0, 2, 2, BITS); break;                        \
+        case 3: vnni_block(j, cb, r0, 3, 1, BITS); break;                        \
+        case 4: vnni_block(j, cb, r0, 4, 1, BITS); break;                        \
+        case 5: vnni_block(j, cb, r0, 5, 1, BITS); break;                        \
+        case 6: vnni_block(j, cb, r0, 6, 1, BITS); break;                        \
+        case 7: vnni_block(j, cb, r0, 7, 1, BITS); break;                        \
+        default: vnni_block(j, cb, r0, 8, 1, BITS); break;                       \
+        }                                                                        \
     }
 
 static void *vnni_run(void *arg) {
     const vnni_job_t *j = (const vnni_job_t *)arg;
-    for (int64_t cb = j->lo; cb < j->hi; cb++) {
-        if (j->flags & Q8_PACK5) {
-            VNNI_ROWS_CASES(5)
-        } else if (j->flags & Q8_PACK4) {
-            VNNI_ROWS_CASES(4)
-        } else {
-            VNNI_ROWS_CASES(8)
+    /* rows in spans whose int16 activations stay in L2 while every block takes them */
+    const int64_t span = VNNI_SPAN_BYTES / (j->k * 2) > VNNI_CHUNK
+                             ? VNNI_SPAN_BYTES / (j->k * 2) / VNNI_CHUNK * VNNI_CHUNK
+                             : VNNI_CHUNK;
+    for (int64_t rs = 0; rs < j->m; rs += span) {
+        const int64_t re = rs + span < j->m ? rs + span : j->m;
+        for (int64_t cb = j->lo; cb < j->hi; cb++) {
+            if (j->flags & Q8_PACK5) {
+                VNNI_ROWS_CASES(5)
+            } else if (j->flags & Q8_PACK4) {
+                VNNI_ROWS_CASES(4)
+            } else {
+                VNNI_ROWS_CASES(8)
+            }
         }
     }
     return 0;
@@ -290,10 +306,10 @@ static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, in
         }
 }
 
-/* 0 on success; -1 for shapes it does not take (m > Q8_VNNI_MAX_ROWS, n % 16, k % 32) */
+/* 0 on success; -1 for shapes it does not take (n % 16, k % 32) */
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
             void *y, int64_t m, int64_t n, int64_t k, int threads) {
-    if (m < 1 || m > Q8_VNNI_MAX_ROWS || n % 16 || k % BLOCK || threads < 1) return -1;
+    if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t nkb = k / 32, group = flags & Q8_HALVES ? 16 : 32;
     int16_t *xq = aligned_alloc(64, (size_t)(m * k * 2 + 63) / 64 * 64);

@@ -45,12 +45,12 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
 PROMPT_AMX_ROWS = 256
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
-# without AMX, q8_vnni takes decode steps up to the rows one call takes and q8_dpbf16
-# those past them; without AVX-512 BF16 either, q8_vnni goes on to VNNI_SPLIT_ROWS in
-# calls of VNNI_MAX_ROWS (on AMD Zen 5, against bf16: the LM head at 8 rows 8.3 ms against
-# 16.2, at 16 in two calls 14.8 against 19-26; benchmarks/README.md, session 16)
+# without AMX, q8_vnni takes decode steps up to the rows one pass keeps in registers and
+# q8_dpbf16 those past them; without AVX-512 BF16 either, q8_vnni goes on to
+# VNNI_SPLIT_ROWS (on AMD Zen 5, against bf16: the LM head at 8 rows 8.3 ms against 16.2,
+# at 16 14.8 against 19-26; benchmarks/README.md, sessions 16 and 17)
 VNNI_SPLIT_ROWS = 16
-VNNI_MAX_ROWS = build.constants()["Q8_VNNI_MAX_ROWS"]  # rows one q8_vnni call takes
+VNNI_CHUNK = build.constants()["Q8_VNNI_CHUNK"]  # rows one q8_vnni pass keeps in registers
 TILE_N = 16  # outputs in one AMX tile
 _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
     build.constants()[f"Q8_{n}"]  # the tile kernels' flags
@@ -125,7 +125,7 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
     chunk up to PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them;
     without one, q8_vnni up to `vnni_rows()`, else q8_amx, else (no AMX) q8_dpbf16. None
     when none does."""
-    vnni = m <= (VNNI_MAX_ROWS if kernel else vnni_rows()) and vnni_available()
+    vnni = (kernel is not None or m <= vnni_rows()) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
         ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16_available()}
@@ -137,10 +137,10 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> st
 
 def vnni_rows() -> int:
     """The most rows of a decode step q8_vnni takes: VNNI_ROWS where q8_amx takes more,
-    the rows of one call where q8_dpbf16 does, VNNI_SPLIT_ROWS where only bf16 would."""
+    the rows of one pass where q8_dpbf16 does, VNNI_SPLIT_ROWS where only bf16 would."""
     if amx_available():
         return VNNI_ROWS
-    return VNNI_MAX_ROWS if dpbf16_available() else VNNI_SPLIT_ROWS
+    return VNNI_CHUNK if dpbf16_available() else VNNI_SPLIT_ROWS
 
 
 def same_kernel_rows(m: int, tiled: bool = True) -> int:
@@ -410,15 +410,9 @@ class Q8Weight:
         vnni = fn is vnni_entry()
         q, flags = self.tiles_for("vnni" if vnni else "amx")  # the others read the int8 tiles
         flags |= (y.dtype == torch.bfloat16) * _BF16_OUT | out_flag
-        # q8_vnni in calls of up to VNNI_MAX_ROWS rows: each row's sums are its own
-        step = VNNI_MAX_ROWS if vnni else m
-        for lo in range(0, m, step):
-            rows = min(step, m - lo)
-            rc = fn(x[lo].data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
-                    y[lo].data_ptr(), rows, self.shape[0], k, torch.get_num_threads())
-            if rc != 0:
-                return None
-        return y
+        rc = fn(x.data_ptr(), q.data_ptr(), self.scales.data_ptr(), offsets, flags,
+                y.data_ptr(), m, self.shape[0], k, torch.get_num_threads())
+        return y if rc == 0 else None
 
     def _run_matvec(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Rows layout (`matmul` checked device and shape): None when the kernel is absent

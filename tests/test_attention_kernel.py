@@ -108,3 +108,124 @@ def test_bf16_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
         errors[path_name] = worst
     assert calls, "the decode steps did not reach the kernel"
     assert errors["kernel"] <= 1.25 * errors["sdpa"] + 1e-3, errors
+
+
+prefill = pytest.mark.skipif(kernel.prefill_entry() is None or kernel.prefill_attention_bf16(
+    *(torch.zeros(1, 1, 32, dtype=torch.bfloat16),) * 3, None, 1.0) is None,
+    reason="no AVX-512 BF16 here: prompt chunks take torch's SDPA")
+
+
+def prompt_case(n, length, h, kvh, d, seed, window=None):
+    """A chunk of n queries at positions length - n .. length - 1 over `length` keys,
+    causal (and banded with `window`) as a bool mask."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(n, h, d, generator=g) * 2).to(torch.bfloat16)
+    k = torch.randn(length, kvh, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(length, kvh, d, generator=g).to(torch.bfloat16)
+    qpos, kpos = torch.arange(length - n, length)[:, None], torch.arange(length)[None, :]
+    mask = kpos <= qpos
+    if window is not None:
+        mask &= kpos > qpos - window
+    return q, k, v, mask
+
+
+def prompt_reference(q, k, v, mask, scale):
+    rep = q.shape[1] // k.shape[1]
+    kd, vd = (t.double().repeat_interleave(rep, 1) for t in (k, v))
+    s = torch.einsum("nhd,lhd->hnl", q.double(), kd) * scale
+    p = s.masked_fill(~mask[None], float("-inf")).softmax(-1)
+    return torch.einsum("hnl,lhd->nhd", p, vd).reshape(q.shape[0], -1)
+
+
+@prefill
+@pytest.mark.parametrize("n,length,h,kvh,d,window,causal", [
+    (2, 2, 4, 1, 256, None, True), (37, 37, 4, 1, 256, None, True),
+    (37, 50, 8, 2, 64, None, False), (29, 300, 6, 2, 32, 40, False),
+    (100, 100, 3, 3, 64, 16, False), (130, 130, 16, 1, 64, None, True)])
+def test_prompt_attention_is_as_close_to_float64_as_torchs_bf16_flash(
+        n, length, h, kvh, d, window, causal):
+    """GQA groups of 1 to 16 heads, causal with no mask, with keys before the chunk, banded
+    masks (the sliding layers' one-shot prompts); p is rounded to bf16 for p . v as in
+    torch's flash kernel, so the bound is that kernel's own error."""
+    q, k, v, mask = prompt_case(n, length, h, kvh, d, seed=n + d, window=window)
+    out = kernel.prefill_attention_bf16(q, k, v, None if causal else mask, d ** -0.5)
+    assert out.dtype == torch.bfloat16 and out.shape == (n, h * d)
+    ref = prompt_reference(q, k, v, mask, d ** -0.5)
+    flash = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(h // kvh, 0),
+        v.transpose(0, 1).repeat_interleave(h // kvh, 0), attn_mask=mask, scale=d ** -0.5)
+    flash_err = (flash.transpose(0, 1).reshape(n, -1).double() - ref).abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 1.25 * flash_err + 1e-3, (err, flash_err)
+    assert err <= 2 ** -6 * v.abs().max().item()
+
+
+@prefill
+def test_a_prompt_rows_result_is_its_own_whatever_the_chunk_and_the_masked_keys():
+    """A query's output is the same bits alone, in a chunk of any length, and with more
+    keys after its own that the mask leaves out (a prefix hit reads the cache, a cold run
+    the chunk: the same keys in the same order give the same bits); a row whose mask
+    leaves nothing is zeros and changes no other."""
+    q, k, v, mask = prompt_case(60, 90, 4, 1, 64, seed=3, window=33)
+    whole = kernel.prefill_attention_bf16(q, k, v, mask, 0.125)
+    for lo, hi in [(0, 1), (7, 20), (59, 60)]:
+        assert torch.equal(kernel.prefill_attention_bf16(q[lo:hi], k, v, mask[lo:hi], 0.125),
+                           whole[lo:hi])
+    last = 90 - 60 + 19  # query 19 sees keys up to 49: the keys after it, dropped, change nothing
+    assert torch.equal(kernel.prefill_attention_bf16(
+        q[19:20], k[:last + 1], v[:last + 1], mask[19:20, :last + 1], 0.125), whole[19:20])
+    causal = prompt_case(40, 40, 4, 1, 64, seed=4)
+    full = kernel.prefill_attention_bf16(*causal[:3], None, 0.125)
+    assert torch.equal(kernel.prefill_attention_bf16(*causal[:3], causal[3], 0.125), full)
+    mask[5] = False
+    holes = kernel.prefill_attention_bf16(q, k, v, mask, 0.125)
+    assert (holes[5] == 0).all()
+    assert torch.equal(holes[torch.arange(60) != 5], whole[torch.arange(60) != 5])
+
+
+@prefill
+def test_prompt_kernel_turns_down_what_it_does_not_take():
+    q, k, v, mask = prompt_case(8, 8, 4, 1, 64, seed=1)
+    assert kernel.prefill_attention_bf16(q.float(), k.float(), v.float(), None, 1.0) is None
+    assert kernel.prefill_attention_bf16(q, k[:4], v[:4], None, 1.0) is None  # fewer keys than causal needs
+    assert kernel.prefill_attention_bf16(q[..., :48], k[..., :48], v[..., :48], None, 1.0) is None
+    assert kernel.prefill_attention_bf16(q[:, :3], k.repeat(1, 2, 1), v.repeat(1, 2, 1), None,
+                                         1.0) is None
+
+
+@prefill
+def test_bf16_prompts_through_the_kernel_are_as_close_to_the_reference_as_sdpa(
+        tiny_hybrid, monkeypatch):
+    """A tiny hybrid model's bf16 prompts in one chunk and in chunks (keys from the cache,
+    banded sliding masks, prompts past three windows): with the prompt kernel the logits
+    are no further from transformers' float32 logits than with torch's SDPA, and the
+    greedy tokens are the same."""
+    from test_attention_contracts import make_engine, run_logged
+
+    from swaserve.models import attention as backend
+
+    path, ref = tiny_hybrid
+    prompts = [random_prompt(n, seed=n) for n in (5, W + 3, 3 * W + 2)]
+    calls = []
+    real = kernel.prefill_attention_bf16
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    errors, tokens = {}, {}
+    for path_name, fn in (("kernel", counted), ("sdpa", lambda *a, **kw: None)):
+        monkeypatch.setattr(backend, "prefill_attention_bf16", fn)
+        for chunk in (None, W // 2 + 1):
+            kw = {} if chunk is None else {"chunk_size": chunk}
+            runs = run_logged(make_engine(path, dtype="bfloat16", **kw), prompts, 4)
+            worst = 0.0
+            for p, (toks, logs) in zip(prompts, runs):
+                want = hf_logits(ref, p + toks)
+                worst = max(worst, (logs[0] - want[len(p) - 1]).abs().max().item())
+            errors[path_name, chunk] = worst
+            tokens[path_name, chunk] = [toks for toks, _ in runs]
+    assert calls, "the prompts did not reach the kernel"
+    for chunk in (None, W // 2 + 1):
+        assert errors["kernel", chunk] <= 1.25 * errors["sdpa", chunk] + 1e-3, errors
+        assert tokens["kernel", chunk] == tokens["sdpa", chunk]

@@ -44,3 +44,31 @@ def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
             None if sinks is None else sinks.data_ptr(), out.data_ptr(),
             b, h, kvh, d, slots.shape[1], scale, torch.get_num_threads())
     return out if rc == 0 else None
+
+
+def prefill_entry():
+    return build.function("attention", "prefill_attention_bf16")
+
+
+def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """The queries of one sequence's prompt chunk over its keys: q [N, H, D], k and v
+    [L, KVH, D], mask [N, L] bool (True = attend; None: causal, query i sees keys up to
+    L - N + i) -> [N, H * D]. bf16 on a CPU with AVX-512 BF16 only; None where the kernel
+    is absent or does not take the shapes."""
+    n, h, d = q.shape
+    l, kvh = k.shape[0], k.shape[1]
+    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k.dtype != q.dtype
+            or v.dtype != q.dtype or k.shape != v.shape or k.shape[2] != d or h % kvh
+            or (mask is None and l < n)):
+        return None
+    fn = prefill_entry()
+    if fn is None:
+        return None
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if mask is not None:
+        mask = mask.reshape(n, l).contiguous().view(torch.uint8)
+    out = torch.empty(n, h * d, dtype=torch.bfloat16)
+    rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
+            out.data_ptr(), n, l, h, kvh, d, scale, torch.get_num_threads())
+    return out if rc == 0 else None

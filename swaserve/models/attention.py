@@ -2,9 +2,10 @@
 
 `AttentionBackend` is the seam; `SDPABackend` (torch scaled_dot_product_attention) is the
 default and runs on CPU and CUDA alike. Each layer first writes its new K/V into its pool,
-then attends group by group as the ForwardContext describes. One query per sequence in bf16
-on the CPU (the decode rows) takes the C kernel instead (kernels/attention.py), which reads
-the keys where the cache holds them.
+then attends group by group as the ForwardContext describes. In bf16 on the CPU two C
+kernels take over (kernels/attention.py): one query per sequence (the decode rows) reads the
+keys where the cache holds them; a sequence's prompt chunk (without sinks, on AVX-512 BF16)
+runs its tiles of queries over the key blocks its mask leaves.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from swaserve.kernels.attention import decode_attention_bf16
+from swaserve.kernels.attention import decode_attention_bf16, prefill_attention_bf16
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
 from swaserve.models.context import ForwardContext
@@ -64,6 +65,12 @@ class SDPABackend:
                 if o is not None:
                     outs.append(o)
                     continue
+            if g.batch == 1 and g.num_queries > 1 and sinks is None:
+                o = _prompt_attention(q[g.start:g.end], k[g.start:g.end], v[g.start:g.end],
+                                      k_buf, v_buf, view, scale)
+                if o is not None:
+                    outs.append(o)
+                    continue
             qg = q[g.start:g.end].view(g.batch, g.num_queries, num_heads, head_dim).transpose(1, 2)
             if view.fresh:
                 kg = k[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
@@ -89,6 +96,20 @@ class SDPABackend:
                         is_causal=view.causal and view.mask is None, scale=scale, enable_gqa=gqa)
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+                      v_buf: torch.Tensor, view, scale: float) -> torch.Tensor | None:
+    """One sequence's prompt chunk through the C kernel (bf16, AVX-512 BF16): its own new
+    keys (fresh) or those at its key slots, under its mask; None where it does not run."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return None
+    if not view.fresh:
+        k, v = k_buf[view.key_slots[0]], v_buf[view.key_slots[0]]
+    mask = view.mask
+    if mask is None and not view.causal:
+        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
+    return prefill_attention_bf16(q, k, v, mask, scale)
 
 
 def _invariant_kernel(ctx: ForwardContext, q: torch.Tensor):

@@ -129,32 +129,41 @@ def prompt_case(n, length, h, kvh, d, seed, window=None):
     return q, k, v, mask
 
 
-def prompt_reference(q, k, v, mask, scale):
-    rep = q.shape[1] // k.shape[1]
-    kd, vd = (t.double().repeat_interleave(rep, 1) for t in (k, v))
-    s = torch.einsum("nhd,lhd->hnl", q.double(), kd) * scale
-    p = s.masked_fill(~mask[None], float("-inf")).softmax(-1)
-    return torch.einsum("hnl,lhd->nhd", p, vd).reshape(q.shape[0], -1)
+def prompt_attention(q, k, v, mask, scale, sinks, dtype):
+    """SDPA in `dtype` (float64: the reference; bf16: torch's flash kernel), a sink as one
+    more key of zeros whose mask entry is its logit."""
+    n, h, d = q.shape
+    rep = h // k.shape[1]
+    kd, vd = (t.to(dtype).repeat_interleave(rep, 1).transpose(0, 1) for t in (k, v))
+    bias = torch.zeros(h, n, k.shape[0] + 1, dtype=dtype)
+    bias[..., :-1].masked_fill_(~mask[None], float("-inf"))
+    bias[..., -1] = float("-inf") if sinks is None else sinks.to(dtype)[:, None]
+    zeros = torch.zeros(h, 1, d, dtype=dtype)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.to(dtype).transpose(0, 1), torch.cat([kd, zeros], 1), torch.cat([vd, zeros], 1),
+        attn_mask=bias, scale=scale)
+    return o.transpose(0, 1).reshape(n, h * d).double()
 
 
 @prefill
+@pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("n,length,h,kvh,d,window,causal", [
     (2, 2, 4, 1, 256, None, True), (37, 37, 4, 1, 256, None, True),
     (37, 50, 8, 2, 64, None, False), (29, 300, 6, 2, 32, 40, False),
     (100, 100, 3, 3, 64, 16, False), (130, 130, 16, 1, 64, None, True)])
 def test_prompt_attention_is_as_close_to_float64_as_torchs_bf16_flash(
-        n, length, h, kvh, d, window, causal):
+        n, length, h, kvh, d, window, causal, with_sinks):
     """GQA groups of 1 to 16 heads, causal with no mask, with keys before the chunk, banded
-    masks (the sliding layers' one-shot prompts); p is rounded to bf16 for p . v as in
-    torch's flash kernel, so the bound is that kernel's own error."""
+    masks (the sliding layers' one-shot prompts), sinks (gpt-oss: from far below to far
+    above the scores); p is rounded to bf16 for p . v as in torch's flash kernel, so the
+    bound is that kernel's own error."""
     q, k, v, mask = prompt_case(n, length, h, kvh, d, seed=n + d, window=window)
-    out = kernel.prefill_attention_bf16(q, k, v, None if causal else mask, d ** -0.5)
+    sinks = torch.linspace(-30, 12, h) if with_sinks else None
+    out = kernel.prefill_attention_bf16(q, k, v, None if causal else mask, d ** -0.5, sinks)
     assert out.dtype == torch.bfloat16 and out.shape == (n, h * d)
-    ref = prompt_reference(q, k, v, mask, d ** -0.5)
-    flash = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(h // kvh, 0),
-        v.transpose(0, 1).repeat_interleave(h // kvh, 0), attn_mask=mask, scale=d ** -0.5)
-    flash_err = (flash.transpose(0, 1).reshape(n, -1).double() - ref).abs().max().item()
+    ref = prompt_attention(q, k, v, mask, d ** -0.5, sinks, torch.float64)
+    flash_err = (prompt_attention(q, k, v, mask, d ** -0.5, sinks, torch.bfloat16)
+                 - ref).abs().max().item()
     err = (out.double() - ref).abs().max().item()
     assert err <= 1.25 * flash_err + 1e-3, (err, flash_err)
     assert err <= 2 ** -6 * v.abs().max().item()

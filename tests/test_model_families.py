@@ -82,16 +82,26 @@ def gpt_oss_config(**kw):
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory):
+    return _gpt_oss(tmp_path_factory, "gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dim32(tmp_path_factory):
+    """Heads of 32 dims: what the prompt attention kernel takes (multiples of 32)."""
+    return _gpt_oss(tmp_path_factory, "gpt_oss_dim32", head_dim=32)
+
+
+def _gpt_oss(tmp_path_factory, name, **kw):
     from transformers import GptOssForCausalLM
 
     torch.manual_seed(6)
-    model = GptOssForCausalLM(gpt_oss_config())
+    model = GptOssForCausalLM(gpt_oss_config(**kw))
     with torch.no_grad():  # strong sinks, so that a missing sink changes the result
         for layer in model.model.layers:
             layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
             layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
             layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
-    return _save(_randomize_norms(model), tmp_path_factory.mktemp("gpt_oss"))
+    return _save(_randomize_norms(model), tmp_path_factory.mktemp(name))
 
 
 def engine(path, **kw) -> Engine:
@@ -136,6 +146,44 @@ def test_mistral_all_sliding_has_no_full_pool(mistral):
 def test_gpt_oss_matches_transformers(gpt_oss):
     eng = check_against_reference(*gpt_oss)
     assert eng.layout.full_layers == (1, 3) and eng.layout.sliding_layers == (0, 2)
+
+
+def test_gpt_oss_bf16_prompts_with_sinks_through_the_prompt_kernel(gpt_oss_dim32, monkeypatch):
+    """In bf16 the prompt attention kernel takes the sinks (where it runs: AVX-512 BF16):
+    the first logits of chunked prompts past the window are no further from transformers'
+    float32 ones than with torch's SDPA (a sink as one more key), the greedy tokens the same."""
+    from swaserve.kernels import attention as kernel
+    from swaserve.models import attention as backend
+
+    path, ref = gpt_oss_dim32
+    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=i) for i in range(2)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    if kernel.prefill_attention_bf16(*(torch.zeros(1, 1, 32, dtype=torch.bfloat16),) * 3,
+                                     None, 1.0) is None:
+        pytest.skip("no AVX-512 BF16 here: prompt chunks take torch's SDPA")
+    calls, errors, tokens = [], {}, {}
+    real = kernel.prefill_attention_bf16
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None and a[-1] is not None)  # ran, with the sinks
+        return out
+
+    for name, fn in (("kernel", counted), ("sdpa", lambda *a, **kw: None)):
+        monkeypatch.setattr(backend, "prefill_attention_bf16", fn)
+        eng = engine(path, dtype="bfloat16")
+        eng.logits_log = []
+        reqs = [eng.add_request(p, params)[0] for p in prompts]
+        while eng.has_unfinished():
+            eng.step()
+        worst = 0.0
+        for p, r in zip(prompts, reqs):
+            first = next(lg for rid, _, lg in eng.logits_log if rid == r.request_id)
+            worst = max(worst, (first - hf_logits(ref, p)[-1]).abs().max().item())
+        errors[name], tokens[name] = worst, [r.output_token_ids for r in reqs]
+    assert calls and all(calls)
+    assert errors["kernel"] <= 1.25 * errors["sdpa"] + 1e-3, errors
+    assert tokens["kernel"] == tokens["sdpa"]
 
 
 def test_gpt_oss_sinks_change_the_result(gpt_oss):

@@ -233,6 +233,7 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
 typedef struct {
     const uint16_t *q, *kt, *v2; /* q [n, H, D]; kt, v2: one key/value head's packing */
     const uint8_t *mask;         /* [n, L] or NULL: causal, query i sees keys up to L - n + i */
+    const float *sinks;          /* [H] or NULL: a logit per head in each denominator */
     uint16_t *out;               /* [n, H, D] */
     int64_t n, l, lpad, h, grp, d;
     float scale;
@@ -311,9 +312,16 @@ static inline __attribute__((always_inline)) void pa_tile(const pa_t *a, int64_t
         }
     }
     for (int r = 0; r < R; r++) {
-        const int64_t t = t0 + r;
-        uint16_t *dst = a->out + (qi[r] * a->h + g * a->grp + t % a->grp) * d;
-        const __m512 inv = _mm512_set1_ps(sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f);
+        const int64_t t = t0 + r, head = g * a->grp + t % a->grp;
+        uint16_t *dst = a->out + (qi[r] * a->h + head) * d;
+        float norm = sum[r];
+        if (a->sinks) { /* the sink's mass joins the denominator only: o scaled, not added to */
+            const float sk = a->sinks[head], m = sk > mx[r] ? sk : mx[r];
+            const float c = mx[r] == -INFINITY ? 0.0f : expf(mx[r] - m);
+            norm = sum[r] * c + expf(sk - m);
+            norm = c > 0.0f ? norm / c : INFINITY; /* o / (norm / c) = o * c / norm */
+        }
+        const __m512 inv = _mm512_set1_ps(norm > 0.0f ? 1.0f / norm : 0.0f);
         for (int64_t c = 0; c < d; c += 16)
             _mm256_storeu_si256((__m256i *)(dst + c), to_bf16(_mm512_mul_ps(_mm512_load_ps(o[r] + c), inv)));
     }
@@ -346,8 +354,9 @@ static void pa_pack(const uint16_t *k, const uint16_t *v, int64_t l, int64_t kvh
     }
 
 int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                           const uint8_t *mask, uint16_t *out, int64_t n, int64_t l, int64_t h,
-                           int64_t kvh, int64_t d, float scale, int threads) {
+                           const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                           int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
+                           int threads) {
     const int64_t grp = h / kvh;
     if (n < 1 || l < 1 || grp * kvh != h || d % 32 || d > ATTN_MAX_DIM || (!mask && l < n))
         return -1;
@@ -366,8 +375,8 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
     for (int64_t job = 0; job < kvh * tiles; job++) {
         /* the last tiles first: causal rows near the end see the most keys */
         const int64_t g = job % kvh, t0 = (tiles - 1 - job / kvh) * PA_ROWS;
-        const pa_t a0 = {q, kt + g * lpad * d, v2 + g * lpad * d, mask, out, n, l, lpad, h,
-                         grp, d, scale};
+        const pa_t a0 = {q, kt + g * lpad * d, v2 + g * lpad * d, mask, sinks, out, n, l,
+                         lpad, h, grp, d, scale};
         const pa_t *a = &a0;
         const int64_t left = rows - t0;
         PA_TILE_CASES(left < PA_ROWS ? left : PA_ROWS)
@@ -378,9 +387,10 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
 #undef PA_TILE_CASES
 #else
 int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                           const uint8_t *mask, uint16_t *out, int64_t n, int64_t l, int64_t h,
-                           int64_t kvh, int64_t d, float scale, int threads) {
-    (void)q; (void)k; (void)v; (void)mask; (void)out; (void)n; (void)l; (void)h; (void)kvh;
+                           const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                           int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
+                           int threads) {
+    (void)q; (void)k; (void)v; (void)mask; (void)sinks; (void)out; (void)n; (void)l; (void)h; (void)kvh;
     (void)d; (void)scale; (void)threads;
     return -2; /* no AVX-512 BF16 on this machine */
 }

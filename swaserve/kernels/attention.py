@@ -51,10 +51,11 @@ def prefill_entry():
 
 
 def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+                           mask: torch.Tensor | None, scale: float,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """The queries of one sequence's prompt chunk over its keys: q [N, H, D], k and v
     [L, KVH, D], mask [N, L] bool (True = attend; None: causal, query i sees keys up to
-    L - N + i) -> [N, H * D]. bf16 on a CPU with AVX-512 BF16 only; None where the kernel
+    L - N + i), sinks [H] (a logit per head in each denominator) -> [N, H * D]. bf16 on a CPU with AVX-512 BF16 only; None where the kernel
     is absent or does not take the shapes."""
     n, h, d = q.shape
     l, kvh = k.shape[0], k.shape[1]
@@ -68,7 +69,10 @@ def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if mask is not None:
         mask = mask.reshape(n, l).contiguous().view(torch.uint8)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
     out = torch.empty(n, h * d, dtype=torch.bfloat16)
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
-            out.data_ptr(), n, l, h, kvh, d, scale, torch.get_num_threads())
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(), n, l, h, kvh, d, scale,
+            torch.get_num_threads())
     return out if rc == 0 else None

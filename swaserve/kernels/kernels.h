@@ -52,11 +52,13 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
                           const float *sinks, uint16_t *out, int64_t b, int64_t h,
                           int64_t kvh, int64_t d, int64_t l, float scale, int threads);
 /* attention.c: prompt attention (AVX-512 BF16): q [n, H, D], k and v [L, KVH, D], mask
-   [n, L] bytes (1 = attend) or NULL (causal: query i sees keys 0 .. L - n + i), out
-   [n, H, D]; all bf16. 0 on success, -1 for shapes not taken, -2 without AVX-512 BF16 */
+   [n, L] bytes (1 = attend) or NULL (causal: query i sees keys 0 .. L - n + i), sinks [H]
+   float or NULL, out [n, H, D]; all bf16. 0 on success, -1 for shapes not taken, -2
+   without AVX-512 BF16 */
 int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                           const uint8_t *mask, uint16_t *out, int64_t n, int64_t l, int64_t h,
-                           int64_t kvh, int64_t d, float scale, int threads);
+                           const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                           int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
+                           int threads);
 
 /* norm.c */
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,

@@ -4,7 +4,7 @@
 default and runs on CPU and CUDA alike. Each layer first writes its new K/V into its pool,
 then attends group by group as the ForwardContext describes. In bf16 on the CPU two C
 kernels take over (kernels/attention.py): one query per sequence (the decode rows) reads the
-keys where the cache holds them; a sequence's prompt chunk (without sinks, on AVX-512 BF16)
+keys where the cache holds them; a sequence's prompt chunk (on AVX-512 BF16)
 runs its tiles of queries over the key blocks its mask leaves.
 """
 
@@ -65,9 +65,9 @@ class SDPABackend:
                 if o is not None:
                     outs.append(o)
                     continue
-            if g.batch == 1 and g.num_queries > 1 and sinks is None:
+            if g.batch == 1 and g.num_queries > 1:
                 o = _prompt_attention(q[g.start:g.end], k[g.start:g.end], v[g.start:g.end],
-                                      k_buf, v_buf, view, scale)
+                                      k_buf, v_buf, view, scale, sinks)
                 if o is not None:
                     outs.append(o)
                     continue
@@ -99,7 +99,8 @@ class SDPABackend:
 
 
 def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
-                      v_buf: torch.Tensor, view, scale: float) -> torch.Tensor | None:
+                      v_buf: torch.Tensor, view, scale: float,
+                      sinks: torch.Tensor | None) -> torch.Tensor | None:
     """One sequence's prompt chunk through the C kernel (bf16, AVX-512 BF16): its own new
     keys (fresh) or those at its key slots, under its mask; None where it does not run."""
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
@@ -109,7 +110,7 @@ def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: 
     mask = view.mask
     if mask is None and not view.causal:
         mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
-    return prefill_attention_bf16(q, k, v, mask, scale)
+    return prefill_attention_bf16(q, k, v, mask, scale, sinks)
 
 
 def _invariant_kernel(ctx: ForwardContext, q: torch.Tensor):

@@ -239,7 +239,7 @@ typedef struct {
     float scale;
 } pa_t;
 
-/* the keys of rows [r0, r0 + rows) of a tile a key block leaves: bit j = key kb * 16 + j */
+/* the keys of block kb query qi attends: bit j for key kb * 16 + j */
 static inline __mmask16 pa_live(const pa_t *a, int64_t qi, int64_t kb) {
     const int64_t k0 = kb * PA_KEYS;
     if (!a->mask) {

@@ -179,10 +179,15 @@ static inline __attribute__((always_inline)) __m512i vnni_weights(const int8_t *
 /* rows r0 .. r0 + M of x times column block cb, into y */
 static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
                                                              int64_t r0, const int M,
-                                                             const int A, const int BITS) {
+                                                             const int A, const int BITS,
+                                                             const int G) {
+    /* G: weight groups a block (2: Q8_HALVES). M, A, BITS and G are constants in every
+     * instance, so the pair loops unroll and the sums stay in registers (with G read from
+     * the flags at run time, each VPDPWSSD came with two register moves and ran at half
+     * the rate) */
     const int64_t nkb = j->k / 32, bsize = BITS == 8 ? 512 : BITS == 5 ? 320 : 256;
-    const int halves = j->flags & Q8_HALVES, f16 = j->flags & Q8_F16_SCALES, groups = halves ? 2 : 1;
-    const int64_t per = halves ? 32 : 16, ngroups = nkb * groups;
+    const int f16 = j->flags & Q8_F16_SCALES, groups = G;
+    const int64_t per = G == 2 ? 32 : 16, ngroups = nkb * groups;
     const int8_t *pq = j->pq + cb * nkb * bsize;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
@@ -200,9 +205,12 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
             __m512i acc[VNNI_CHUNK * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
+#pragma GCC unroll 16
             for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
+#pragma GCC unroll 4
                 for (int a = 0; a < A; a++) {
                     const __m512i w = vnni_weights(blk, p + a, BITS);
+#pragma GCC unroll 8
                     for (int i = 0; i < M; i++) {
                         int32_t pair;
                         memcpy(&pair, xq + i * j->k + kb * 32 + 2 * (p + a), 4);
@@ -235,18 +243,24 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
 
 /* a column block's rows VNNI_CHUNK at a time: its weights, read from memory for the
  * first chunk, stay in L1 for the others */
-#define VNNI_ROWS_CASES(BITS)                                                    \
+#define VNNI_ROWS_CASES(BITS, G)                                                 \
     for (int64_t r0 = rs; r0 < re; r0 += VNNI_CHUNK) {                           \
         switch (re - r0 < VNNI_CHUNK ? re - r0 : VNNI_CHUNK) {                   \
-        case 1: vnni_block(j, cb, r0, 1, 4, BITS); break;                        \
-        case 2: vnni_block(j, cb, r0, 2, 2, BITS); break;                        \
-        case 3: vnni_block(j, cb, r0, 3, 1, BITS); break;                        \
-        case 4: vnni_block(j, cb, r0, 4, 1, BITS); break;                        \
-        case 5: vnni_block(j, cb, r0, 5, 1, BITS); break;                        \
-        case 6: vnni_block(j, cb, r0, 6, 1, BITS); break;                        \
-        case 7: vnni_block(j, cb, r0, 7, 1, BITS); break;                        \
-        default: vnni_block(j, cb, r0, 8, 1, BITS); break;                       \
+        case 1: vnni_block(j, cb, r0, 1, 4, BITS, G); break;                     \
+        case 2: vnni_block(j, cb, r0, 2, 2, BITS, G); break;                     \
+        case 3: vnni_block(j, cb, r0, 3, 1, BITS, G); break;                     \
+        case 4: vnni_block(j, cb, r0, 4, 1, BITS, G); break;                     \
+        case 5: vnni_block(j, cb, r0, 5, 1, BITS, G); break;                     \
+        case 6: vnni_block(j, cb, r0, 6, 1, BITS, G); break;                     \
+        case 7: vnni_block(j, cb, r0, 7, 1, BITS, G); break;                     \
+        default: vnni_block(j, cb, r0, 8, 1, BITS, G); break;                    \
         }                                                                        \
+    }
+#define VNNI_GROUP_CASES(BITS)                                                   \
+    if (j->flags & Q8_HALVES) {                                                  \
+        VNNI_ROWS_CASES(BITS, 2)                                                 \
+    } else {                                                                     \
+        VNNI_ROWS_CASES(BITS, 1)                                                 \
     }
 
 static void *vnni_run(void *arg) {
@@ -259,17 +273,18 @@ static void *vnni_run(void *arg) {
         const int64_t re = rs + span < j->m ? rs + span : j->m;
         for (int64_t cb = j->lo; cb < j->hi; cb++) {
             if (j->flags & Q8_PACK5) {
-                VNNI_ROWS_CASES(5)
+                VNNI_GROUP_CASES(5)
             } else if (j->flags & Q8_PACK4) {
-                VNNI_ROWS_CASES(4)
+                VNNI_GROUP_CASES(4)
             } else {
-                VNNI_ROWS_CASES(8)
+                VNNI_GROUP_CASES(8)
             }
         }
     }
     return 0;
 }
 #undef VNNI_ROWS_CASES
+#undef VNNI_GROUP_CASES
 
 /* x [m, k] bf16 as int16 per block of 32 with the power of two that puts the block's
  * largest exponent just under 2^15; the sums of x per weight group for the offsets */

@@ -358,7 +358,7 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
                            int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
                            int threads) {
     const int64_t grp = h / kvh;
-    if (n < 1 || l < 1 || grp * kvh != h || d % 32 || d > ATTN_MAX_DIM || (!mask && l < n))
+    if (n < 1 || l < 1 || grp * kvh != h || d % 16 || d > ATTN_MAX_DIM || (!mask && l < n))
         return -1;
     const int64_t lpad = (l + PA_KEYS - 1) / PA_KEYS * PA_KEYS, nkb = lpad / PA_KEYS;
     uint16_t *kt = aligned_alloc(64, (size_t)(kvh * lpad * d * 2) * 2);

@@ -4,6 +4,8 @@ for SDPA."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from swaserve.kernels import build
@@ -50,13 +52,21 @@ def prefill_entry():
     return build.function("attention", "prefill_attention_bf16")
 
 
+@functools.cache
+def prefill_available() -> bool:
+    """The prompt kernel runs here: built, and with AVX-512 BF16 (checked once)."""
+    one = torch.zeros(1, 1, 32, dtype=torch.bfloat16)
+    return prefill_entry() is not None and prefill_attention_bf16(one, one, one, None, 1.0) is not None
+
+
 def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            mask: torch.Tensor | None, scale: float,
                            sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """The queries of one sequence's prompt chunk over its keys: q [N, H, D], k and v
     [L, KVH, D], mask [N, L] bool (True = attend; None: causal, query i sees keys up to
-    L - N + i), sinks [H] (a logit per head in each denominator) -> [N, H * D]. bf16 on a CPU with AVX-512 BF16 only; None where the kernel
-    is absent or does not take the shapes."""
+    L - N + i), sinks [H] (a logit per head in each denominator) -> [N, H * D]. bf16 on
+    a CPU with AVX-512 BF16 only; None where the kernel is absent or does not take the
+    shapes (head dims that are not a multiple of 16)."""
     n, h, d = q.shape
     l, kvh = k.shape[0], k.shape[1]
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k.dtype != q.dtype

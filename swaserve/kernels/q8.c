@@ -137,7 +137,6 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
 
 #include "simd.h"
 
-#define VNNI_CHUNK Q8_VNNI_CHUNK
 #define VNNI_SPAN_BYTES (256 << 10) /* int16 activations a thread keeps in L2 */
 
 typedef struct {
@@ -186,14 +185,14 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
      * the flags at run time, each VPDPWSSD came with two register moves and ran at half
      * the rate) */
     const int64_t nkb = j->k / 32, bsize = BITS == 8 ? 512 : BITS == 5 ? 320 : 256;
-    const int f16 = j->flags & Q8_F16_SCALES, groups = G;
-    const int64_t per = G == 2 ? 32 : 16, ngroups = nkb * groups;
+    const int f16 = j->flags & Q8_F16_SCALES;
+    const int64_t per = G == 2 ? 32 : 16, ngroups = nkb * G;
     const int8_t *pq = j->pq + cb * nkb * bsize;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
     const int16_t *xq = j->xq + r0 * j->k;
     const float *xs = j->xs + r0 * nkb, *xsum = j->xsum ? j->xsum + r0 * ngroups : 0;
-    __m512 f[VNNI_CHUNK];
+    __m512 f[Q8_VNNI_CHUNK];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
         const int8_t *blk = pq + kb * bsize;
@@ -201,12 +200,12 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
          * memory: the LM head took 13.4 ms for 168 MB, 6.9-9 ms with these) */
         for (int l = 0; l < bsize / 64; l++)
             _mm_prefetch((const char *)blk + 8 * bsize + l * 64, _MM_HINT_T0);
-        for (int h = 0; h < groups; h++) {
+        for (int h = 0; h < G; h++) {
             /* A sums a row, over alternate input pairs: independent chains of VPDPWSSD */
-            __m512i acc[VNNI_CHUNK * A];
+            __m512i acc[Q8_VNNI_CHUNK * A];
             for (int i = 0; i < M * A; i++) acc[i] = _mm512_setzero_si512();
 #pragma GCC unroll 16
-            for (int p = h * 16 / groups; p < (h + 1) * 16 / groups; p += A)
+            for (int p = h * 16 / G; p < (h + 1) * 16 / G; p += A)
 #pragma GCC unroll 4
                 for (int a = 0; a < A; a++) {
                     const __m512i w = vnni_weights(blk, p + a, BITS);
@@ -227,7 +226,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
             if (po) {
                 const __m512 o = _mm512_loadu_ps(po + kb * per + h * 16);
                 for (int i = 0; i < M; i++)
-                    f[i] = _mm512_fnmadd_ps(o, _mm512_set1_ps(xsum[i * ngroups + kb * groups + h]),
+                    f[i] = _mm512_fnmadd_ps(o, _mm512_set1_ps(xsum[i * ngroups + kb * G + h]),
                                             f[i]);
             }
         }
@@ -241,11 +240,11 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
     }
 }
 
-/* a column block's rows VNNI_CHUNK at a time: its weights, read from memory for the
+/* a column block's rows Q8_VNNI_CHUNK at a time: its weights, read from memory for the
  * first chunk, stay in L1 for the others */
 #define VNNI_ROWS_CASES(BITS, G)                                                 \
-    for (int64_t r0 = rs; r0 < re; r0 += VNNI_CHUNK) {                           \
-        switch (re - r0 < VNNI_CHUNK ? re - r0 : VNNI_CHUNK) {                   \
+    for (int64_t r0 = rs; r0 < re; r0 += Q8_VNNI_CHUNK) {                           \
+        switch (re - r0 < Q8_VNNI_CHUNK ? re - r0 : Q8_VNNI_CHUNK) {                   \
         case 1: vnni_block(j, cb, r0, 1, 4, BITS, G); break;                     \
         case 2: vnni_block(j, cb, r0, 2, 2, BITS, G); break;                     \
         case 3: vnni_block(j, cb, r0, 3, 1, BITS, G); break;                     \
@@ -266,9 +265,9 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
 static void *vnni_run(void *arg) {
     const vnni_job_t *j = (const vnni_job_t *)arg;
     /* rows in spans whose int16 activations stay in L2 while every block takes them */
-    const int64_t span = VNNI_SPAN_BYTES / (j->k * 2) > VNNI_CHUNK
-                             ? VNNI_SPAN_BYTES / (j->k * 2) / VNNI_CHUNK * VNNI_CHUNK
-                             : VNNI_CHUNK;
+    const int64_t span = VNNI_SPAN_BYTES / (j->k * 2) > Q8_VNNI_CHUNK
+                             ? VNNI_SPAN_BYTES / (j->k * 2) / Q8_VNNI_CHUNK * Q8_VNNI_CHUNK
+                             : Q8_VNNI_CHUNK;
     for (int64_t rs = 0; rs < j->m; rs += span) {
         const int64_t re = rs + span < j->m ? rs + span : j->m;
         for (int64_t cb = j->lo; cb < j->hi; cb++) {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from swaserve.engine.threads import BACKOFF_S, CHECK_S, WINDOW, ThreadGovernor
+from swaserve.engine.threads import BACKOFF_S, CHECK_S, TRIAL_MAX, WINDOW, ThreadGovernor
 
 
 class Machine:
@@ -20,11 +20,12 @@ class Machine:
                               lambda: self.now, self.set_to.append)
 
     def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float,
-             tokens: int = 1):
+             tokens: int = 1, rows: int | None = None):
+        """One step; a decode step (a token a row) unless `rows` is fewer than `tokens`."""
         self.now += seconds
         self.switches += switches
         self.idle += idle_cores * seconds
-        gov.after_step(seconds, tokens)
+        gov.after_step(seconds, tokens, tokens if rows is None else rows)
 
 
 def test_quiet_steps_keep_every_thread():
@@ -88,6 +89,34 @@ def test_a_drop_that_does_not_pay_is_undone_and_not_tried_again_for_a_while():
     for _ in range(5 * WINDOW):  # the back-off is over: tried again, undone again
         m.step(gov, 0.050 if gov.threads == 2 else 0.060, 8, 0.0, tokens=32)
     assert m.set_to[:4] == [1, 2, 1, 2]
+
+
+def test_prompt_steps_do_not_set_the_cost_a_decode_step_is_judged_by():
+    """Seen live beside a busy loop: a window of two 64-token prompt steps and two decode
+    steps, then one thread's steady decode steps. Against the prompt steps' cost a token
+    they look slower; against the decode steps' (stalls included) they are faster."""
+    m = Machine()
+    gov = m.governor(2)
+    for seconds, tokens, switches in ((0.375, 64, 39), (0.088, 64, 14), (0.124, 1, 13),
+                                      (0.017, 1, 3)):
+        m.step(gov, seconds, switches, 0.0, tokens=tokens, rows=1)
+    assert gov.threads == 1
+    for _ in range(2 * WINDOW):
+        m.step(gov, 0.020, 0, 0.0)
+    assert gov.threads == 1 and m.set_to == [1]
+
+
+def test_a_trial_without_steps_like_those_before_it_gives_the_threads_back():
+    m = Machine()
+    gov = m.governor(2)
+    for _ in range(WINDOW):
+        m.step(gov, 0.130, 14, 0.0)  # decode
+    assert gov.threads == 1
+    for _ in range(TRIAL_MAX - 1):  # only prompt steps: nothing to judge the drop by yet
+        m.step(gov, 0.050, 0, 0.0, tokens=64, rows=1)
+    assert gov.threads == 1
+    m.step(gov, 0.050, 0, 0.0, tokens=64, rows=1)
+    assert gov.threads == 2 and m.set_to == [1, 2]
 
 
 def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monkeypatch):

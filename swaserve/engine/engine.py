@@ -322,7 +322,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
             return self._fail_step(e)
         if self.governor is not None and self.last_step is not None:
-            self.governor.after_step(self.last_step.seconds, self.last_step.num_tokens)
+            self.governor.after_step(self.last_step.seconds, self.last_step.num_tokens,
+                                    self.last_step.num_seqs)
         return changed
 
     def _step(self) -> list[Request]:

@@ -9,20 +9,32 @@ preempted shows as involuntary context switches: quiet, a decode step sees 0-1; 
 busy process, 14-30, about 100 a second. A long quiet step sees a few too (a 150 ms
 prefill step 3-7, some 40 a second), so both count: after each step the governor reads the
 process's count (getrusage), and when over the last WINDOW steps the median is
-DROP_SWITCHES or more a step and DROP_RATE or more a second, it takes one thread away. That only pays when the other process really holds the core (a busy
-loop: 132 ms a step before, 31 after); a process that takes part of one (the benchmark's
-HTTP client on the same two cores) slows the fewer threads more than it slowed all of
-them. So the drop is a trial: after WINDOW steps with fewer threads, if a token costs no
-less than KEEP_GAIN of what it cost just before, every thread comes back and no drop is
-tried for a back-off (BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S).
+DROP_SWITCHES or more a step and DROP_RATE or more a second, it takes one thread away.
+
+That only pays when the other process really holds the core (a busy loop: 132 ms a step
+before, 31 after); a process that takes part of one (the benchmark's HTTP client on the
+same two cores) slows the fewer threads more than it slowed all of them. So the drop is a
+trial: after WINDOW steps with fewer threads, if a token costs no less than KEEP_GAIN of
+what it cost over the BASELINE steps before, every thread comes back and no drop is tried for a back-off
+(BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S). A token's cost is
+compared between steps of one kind (decode steps, one token a row, or steps with prompt
+tokens, which cost far less a token), over all their time, stalls included: beside a
+busy loop two threads' batch-1 steps took 17 ms, or 60-200 ms when the peer was
+descheduled, and a median of per-token costs over a window that held a 64-token prompt
+step said 8 ms, so one thread's steady 20 ms looked slower and the drop was undone (the
+stalls come every ~10 steps, hence a baseline longer than the window). When
+the steps on trial hold too few of a kind that came before (SAME_KIND), the trial runs
+on, up to TRIAL_MAX steps, then every thread comes back.
+
 While it runs with fewer threads it reads the machine's idle time (/proc/stat) every
 CHECK_S seconds: the cores it left free idle once the other process is gone, and it
 gives all the threads back.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
-the governor, as do overlap scheduling (the count would change under a running forward) and a process with SWASERVE_FIXED_THREADS=1 in its environment (the
-test suite, whose bitwise comparisons run on a busy machine).
+the governor, as do overlap scheduling (the count would change under a running forward)
+and a process with SWASERVE_FIXED_THREADS=1 in its environment (the test suite, whose
+bitwise comparisons run on a busy machine).
 
 `release_openmp_workers` ends the calling thread's OpenMP team: the thread that builds an
 engine and hands it to another thread to step (the server) calls it, so that the stepping
@@ -40,6 +52,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,10 +61,13 @@ log = logging.getLogger("swaserve")
 
 FIXED_THREADS_ENV = "SWASERVE_FIXED_THREADS"
 WINDOW = 4  # steps whose median switch count decides
+BASELINE = 16  # steps whose cost a token the drop is judged against
 DROP_SWITCHES = 4  # involuntary context switches a step (and a second, below) that mean
 DROP_RATE = 70.0  # a core is taken
 KEEP_GAIN = 0.9  # fewer threads are kept when a token costs below this share of before
-BACKOFF_S, BACKOFF_MAX_S = 5.0, 80.0  # after a drop that did not pay: no trial for this long
+SAME_KIND = 2  # steps of one kind on each side of a drop that can judge it
+TRIAL_MAX = 4 * WINDOW  # steps on trial without enough of one kind: the threads come back
+BACKOFF_S, BACKOFF_MAX_S = 1.0, 80.0  # after a drop that did not pay: no trial for this long
 CHECK_S = 0.25  # with fewer threads: how often the idle time is read
 FREE_SHARE = 0.6  # of each core given up, idle: the other process is gone
 
@@ -70,6 +86,20 @@ def idle_seconds() -> float | None:
     return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True)
+class _Step:
+    switches: int  # involuntary context switches during the step
+    seconds: float
+    tokens: int
+    decode: bool  # one token a row; else the step holds prompt tokens
+
+
+def _token_cost(steps: list[_Step], decode: bool) -> tuple[int, float]:
+    """How many of `steps` are of the kind, and their seconds a token, stalls included."""
+    same = [s for s in steps if s.decode == decode]
+    return len(same), sum(s.seconds for s in same) / max(sum(s.tokens for s in same), 1)
+
+
 class ThreadGovernor:
     def __init__(self, threads: int, switches: Callable[[], int] = involuntary_switches,
                  idle: Callable[[], float | None] = idle_seconds,
@@ -78,41 +108,62 @@ class ThreadGovernor:
         self.full = threads
         self.threads = threads
         self._switches, self._idle, self._clock, self._set = switches, idle, clock, set_threads
-        # (switches, switches a second, seconds a token) of the last steps
-        self._recent: deque[tuple[int, float, float]] = deque(maxlen=WINDOW)
+        self._recent: deque[_Step] = deque(maxlen=BASELINE)
         self._last_switches = switches()
         self._check_at = 0.0
         self._last_idle: tuple[float, float] | None = None  # (clock, idle seconds)
-        self._trial: float | None = None  # cost of a token before the drop on trial
+        self._before: list[_Step] | None = None  # the steps before the drop on trial
+        self._trial: list[_Step] = []  # the steps since
         self._backoff = BACKOFF_S
         self._no_trial_until = 0.0
         self.changes = 0  # times it changed the thread count
 
-    def after_step(self, seconds: float, tokens: int) -> None:
-        """Call once a step of `seconds` computing `tokens` is done (on the thread that
-        runs the steps)."""
+    def after_step(self, seconds: float, tokens: int, rows: int) -> None:
+        """Call once a step of `seconds` computing `tokens` for `rows` requests is done (on
+        the thread that runs the steps)."""
         now_switches = self._switches()
-        n = now_switches - self._last_switches
-        self._recent.append((n, n / max(seconds, 1e-3), seconds / max(tokens, 1)))
+        step = _Step(now_switches - self._last_switches, seconds, tokens, tokens <= rows)
         self._last_switches = now_switches
-        full = len(self._recent) == WINDOW
-        if self._trial is not None and full:  # did the drop pay?
-            cost = statistics.median(c for _, _, c in self._recent)
-            if cost >= KEEP_GAIN * self._trial:
-                self._no_trial_until = self._clock() + self._backoff
-                self._backoff = min(2 * self._backoff, BACKOFF_MAX_S)
-                self._change(self.full, "fewer threads were not faster")
+        if self._before is not None:
+            self._trial.append(step)
+            if not self._judge():
                 return
-            self._trial, self._backoff = None, BACKOFF_S
-        if (self.threads > 1 and full and self._clock() >= self._no_trial_until
-                and statistics.median(c for c, _, _ in self._recent) >= DROP_SWITCHES
-                and statistics.median(r for _, r, _ in self._recent) >= DROP_RATE):
-            cost = statistics.median(c for _, _, c in self._recent)
+        else:
+            self._recent.append(step)
+        window = list(self._recent)[-WINDOW:]
+        if (self.threads > 1 and len(window) == WINDOW
+                and self._clock() >= self._no_trial_until
+                and statistics.median(s.switches for s in window) >= DROP_SWITCHES
+                and statistics.median(s.switches / max(s.seconds, 1e-3)
+                                      for s in window) >= DROP_RATE):
+            before = list(self._recent)
             self._change(self.threads - 1, "a core is taken by other work")
-            self._trial = cost
+            self._before = before
             return
-        if self.threads < self.full and self._trial is None:
+        if self.threads < self.full:
             self._check_free()
+
+    def _judge(self) -> bool:
+        """Keep the drop on trial, undo it, or let it stand (True: its steps become the
+        window that may take one more thread)."""
+        if len(self._trial) < WINDOW:
+            return False
+        for decode in sorted((True, False), key=lambda d: -_token_cost(self._before, d)[0]):
+            n_before, before = _token_cost(self._before, decode)
+            n_trial, trial = _token_cost(self._trial, decode)
+            if n_before >= SAME_KIND and n_trial >= SAME_KIND:
+                if trial < KEEP_GAIN * before:
+                    self._recent.extend(self._trial)
+                    self._before, self._trial, self._backoff = None, [], BACKOFF_S
+                    return True
+                break
+        else:
+            if len(self._trial) < TRIAL_MAX:
+                return False
+        self._no_trial_until = self._clock() + self._backoff
+        self._backoff = min(2 * self._backoff, BACKOFF_MAX_S)
+        self._change(self.full, "fewer threads were not faster")
+        return False
 
     def _check_free(self) -> None:
         now = self._clock()
@@ -135,7 +186,7 @@ class ThreadGovernor:
         self.threads = threads
         self._set(threads)
         self._recent.clear()
-        self._trial = None
+        self._before, self._trial = None, []
         self._last_idle = None
         self._check_at = 0.0
         self.changes += 1

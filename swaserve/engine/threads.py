@@ -9,7 +9,8 @@ preempted shows as involuntary context switches: quiet, a decode step sees 0-1; 
 busy process, 14-30, about 100 a second. A long quiet step sees a few too (a 150 ms
 prefill step 3-7, some 40 a second), so both count: after each step the governor reads the
 process's count (getrusage), and when over the last WINDOW steps the median is
-DROP_SWITCHES or more a step and DROP_RATE or more a second, it takes one thread away.
+DROP_SWITCHES or more a step and DROP_RATE or more a second, and the BASELINE steps before
+(below) all came since the machine last looked quiet, it takes one thread away.
 
 That only pays when the other process really holds the core (a busy loop: 132 ms a step
 before, 31 after); a process that takes part of one (the benchmark's HTTP client on the
@@ -22,7 +23,9 @@ tokens, which cost far less a token), over all their time, stalls included: besi
 busy loop two threads' batch-1 steps took 17 ms, or 60-200 ms when the peer was
 descheduled, and a median of per-token costs over a window that held a 64-token prompt
 step said 8 ms, so one thread's steady 20 ms looked slower and the drop was undone (the
-stalls come every ~10 steps, hence a baseline longer than the window). When
+stalls come every ~10 steps, hence a baseline longer than the window, and one that
+holds no quiet steps from before the other work started: one thread's 20 ms looked slow
+against those too, and the drop was tried again only after the back-off). When
 the steps on trial hold too few of a kind that came before (SAME_KIND), the trial runs
 on, up to TRIAL_MAX steps, then every thread comes back.
 
@@ -62,6 +65,7 @@ log = logging.getLogger("swaserve")
 FIXED_THREADS_ENV = "SWASERVE_FIXED_THREADS"
 WINDOW = 4  # steps whose median switch count decides
 BASELINE = 16  # steps whose cost a token the drop is judged against
+QUIET_SWITCHES = 1  # WINDOW steps in a row with at most this many: the machine is quiet
 DROP_SWITCHES = 4  # involuntary context switches a step (and a second, below) that mean
 DROP_RATE = 70.0  # a core is taken
 KEEP_GAIN = 0.9  # fewer threads are kept when a token costs below this share of before
@@ -109,6 +113,7 @@ class ThreadGovernor:
         self.threads = threads
         self._switches, self._idle, self._clock, self._set = switches, idle, clock, set_threads
         self._recent: deque[_Step] = deque(maxlen=BASELINE)
+        self._quiet = 0  # steps in a row with few switches
         self._last_switches = switches()
         self._check_at = 0.0
         self._last_idle: tuple[float, float] | None = None  # (clock, idle seconds)
@@ -129,9 +134,12 @@ class ThreadGovernor:
             if not self._judge():
                 return
         else:
+            self._quiet = self._quiet + 1 if step.switches <= QUIET_SWITCHES else 0
+            if self._quiet >= WINDOW:  # steps from before other work came judge nothing
+                self._recent.clear()
             self._recent.append(step)
         window = list(self._recent)[-WINDOW:]
-        if (self.threads > 1 and len(window) == WINDOW
+        if (self.threads > 1 and len(self._recent) == BASELINE
                 and self._clock() >= self._no_trial_until
                 and statistics.median(s.switches for s in window) >= DROP_SWITCHES
                 and statistics.median(s.switches / max(s.seconds, 1e-3)

@@ -160,6 +160,7 @@ def test_gpt_oss_bf16_prompts_with_sinks_through_the_prompt_kernel(gpt_oss_dim32
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     if not kernel.prefill_available():
         pytest.skip("no AVX-512 BF16 here: prompt chunks take torch's SDPA")
+    monkeypatch.setattr(backend, "prefill_preferred", kernel.prefill_available)  # AMX too
     calls, errors, tokens = [], {}, {}
     real = kernel.prefill_attention_bf16
 

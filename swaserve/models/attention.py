@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swaserve.kernels.attention import (decode_attention_bf16, prefill_attention_bf16,
-                                        prefill_available)
+                                        prefill_preferred)
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
 from swaserve.models.context import ForwardContext
@@ -102,10 +102,11 @@ class SDPABackend:
 def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
                       v_buf: torch.Tensor, view, scale: float,
                       sinks: torch.Tensor | None) -> torch.Tensor | None:
-    """One sequence's prompt chunk through the C kernel (bf16, AVX-512 BF16): its own new
-    keys (fresh) or those at its key slots, under its mask; None where it does not run."""
+    """One sequence's prompt chunk through the C kernel (bf16, AVX-512 BF16, no AMX): its
+    own new keys (fresh) or those at its key slots, under its mask; None where it does not
+    run (kernels/attention.py `prefill_preferred`)."""
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] % 16
-            or not prefill_available()):
+            or not prefill_preferred()):
         return None  # before the gather below: SDPA would gather the keys again
     if not view.fresh:
         k, v = k_buf[view.key_slots[0]], v_buf[view.key_slots[0]]

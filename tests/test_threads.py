@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from swaserve.engine.threads import (BACKOFF_S, BASELINE, CHECK_S, TRIAL_MAX, WINDOW,
-                                     ThreadGovernor)
+from swaserve.engine.threads import BACKOFF_S, BASELINE, CHECK_S, TRIAL_MAX, WINDOW, ThreadGovernor
 
 
 class Machine:

@@ -16,18 +16,17 @@ That only pays when the other process really holds the core (a busy loop: 132 ms
 before, 31 after); a process that takes part of one (the benchmark's HTTP client on the
 same two cores) slows the fewer threads more than it slowed all of them. So the drop is a
 trial: after WINDOW steps with fewer threads, if a token costs no less than KEEP_GAIN of
-what it cost over the BASELINE steps before, every thread comes back and no drop is tried for a back-off
-(BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S). A token's cost is
-compared between steps of one kind (decode steps, one token a row, or steps with prompt
-tokens, which cost far less a token), over all their time, stalls included: beside a
-busy loop two threads' batch-1 steps took 17 ms, or 60-200 ms when the peer was
+what it cost over the BASELINE steps before, every thread comes back and no drop is tried
+for a back-off (BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S). A token's
+cost is compared between steps of one kind (decode steps, one token a row, or steps with
+prompt tokens, which cost far less a token), over all their time, stalls included: beside
+a busy loop two threads' batch-1 steps took 17 ms, or 60-200 ms when the peer was
 descheduled, and a median of per-token costs over a window that held a 64-token prompt
-step said 8 ms, so one thread's steady 20 ms looked slower and the drop was undone (the
-stalls come every ~10 steps, hence a baseline longer than the window, and one that
-holds no quiet steps from before the other work started: one thread's 20 ms looked slow
-against those too, and the drop was tried again only after the back-off). When
-the steps on trial hold too few of a kind that came before (SAME_KIND), the trial runs
-on, up to TRIAL_MAX steps, then every thread comes back.
+step said 8 ms, so one thread's steady 20 ms looked slower and the drop was undone. The
+stalls come every ~10 steps, hence a baseline longer than the window, and one without
+quiet steps from before the other work started: against those one thread's 20 ms looked
+slow too. When the steps on trial hold too few of a kind that came before (SAME_KIND),
+the trial runs on, up to TRIAL_MAX steps, then every thread comes back.
 
 While it runs with fewer threads it reads the machine's idle time (/proc/stat) every
 CHECK_S seconds: the cores it left free idle once the other process is gone, and it

@@ -56,7 +56,8 @@ def prefill_entry():
 def prefill_available() -> bool:
     """The prompt kernel runs here: built, and with AVX-512 BF16 (checked once)."""
     one = torch.zeros(1, 1, 32, dtype=torch.bfloat16)
-    return prefill_entry() is not None and prefill_attention_bf16(one, one, one, None, 1.0) is not None
+    return (prefill_entry() is not None
+            and prefill_attention_bf16(one, one, one, None, 1.0) is not None)
 
 
 @functools.cache
@@ -80,21 +81,21 @@ def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     a CPU with AVX-512 BF16 only; None where the kernel is absent or does not take the
     shapes (head dims that are not a multiple of 16)."""
     n, h, d = q.shape
-    l, kvh = k.shape[0], k.shape[1]
+    keys, kvh = k.shape[0], k.shape[1]
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k.dtype != q.dtype
             or v.dtype != q.dtype or k.shape != v.shape or k.shape[2] != d or h % kvh
-            or (mask is None and l < n)):
+            or (mask is None and keys < n)):
         return None
     fn = prefill_entry()
     if fn is None:
         return None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if mask is not None:
-        mask = mask.reshape(n, l).contiguous().view(torch.uint8)
+        mask = mask.reshape(n, keys).contiguous().view(torch.uint8)
     if sinks is not None:
         sinks = sinks.float().contiguous()
     out = torch.empty(n, h * d, dtype=torch.bfloat16)
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
-            None if sinks is None else sinks.data_ptr(), out.data_ptr(), n, l, h, kvh, d, scale,
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(), n, keys, h, kvh, d, scale,
             torch.get_num_threads())
     return out if rc == 0 else None

@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from swaserve.kernels.attention import (decode_attention_bf16, prefill_attention_bf16,
-                                        prefill_preferred)
+from swaserve.kernels.attention import (
+    decode_attention_bf16,
+    prefill_attention_bf16,
+    prefill_preferred,
+)
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.layout import LayerKind
 from swaserve.models.context import ForwardContext

@@ -137,12 +137,8 @@ class ThreadGovernor:
             if self._quiet >= WINDOW:  # steps from before other work came judge nothing
                 self._recent.clear()
             self._recent.append(step)
-        window = list(self._recent)[-WINDOW:]
         if (self.threads > 1 and len(self._recent) == BASELINE
-                and self._clock() >= self._no_trial_until
-                and statistics.median(s.switches for s in window) >= DROP_SWITCHES
-                and statistics.median(s.switches / max(s.seconds, 1e-3)
-                                      for s in window) >= DROP_RATE):
+                and self._clock() >= self._no_trial_until and self._core_taken()):
             before = list(self._recent)
             self._change(self.threads - 1, "a core is taken by other work")
             self._before = before
@@ -150,13 +146,20 @@ class ThreadGovernor:
         if self.threads < self.full:
             self._check_free()
 
+    def _core_taken(self) -> bool:
+        window = list(self._recent)[-WINDOW:]
+        return (statistics.median(s.switches for s in window) >= DROP_SWITCHES
+                and statistics.median(s.switches / max(s.seconds, 1e-3)
+                                      for s in window) >= DROP_RATE)
+
     def _judge(self) -> bool:
         """Keep the drop on trial, undo it, or let it stand (True: its steps become the
         window that may take one more thread)."""
         if len(self._trial) < WINDOW:
             return False
-        for decode in sorted((True, False), key=lambda d: -_token_cost(self._before, d)[0]):
-            n_before, before = _token_cost(self._before, decode)
+        kinds = sorted((_token_cost(self._before, d) + (d,) for d in (True, False)),
+                       key=lambda kind: kind[0], reverse=True)  # the commoner kind first
+        for n_before, before, decode in kinds:
             n_trial, trial = _token_cost(self._trial, decode)
             if n_before >= SAME_KIND and n_trial >= SAME_KIND:
                 if trial < KEEP_GAIN * before:

@@ -243,8 +243,8 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
 /* a column block's rows Q8_VNNI_CHUNK at a time: its weights, read from memory for the
  * first chunk, stay in L1 for the others */
 #define VNNI_ROWS_CASES(BITS, G)                                                 \
-    for (int64_t r0 = rs; r0 < re; r0 += Q8_VNNI_CHUNK) {                           \
-        switch (re - r0 < Q8_VNNI_CHUNK ? re - r0 : Q8_VNNI_CHUNK) {                   \
+    for (int64_t r0 = rs; r0 < re; r0 += Q8_VNNI_CHUNK) {                        \
+        switch (re - r0 < Q8_VNNI_CHUNK ? re - r0 : Q8_VNNI_CHUNK) {             \
         case 1: vnni_block(j, cb, r0, 1, 4, BITS, G); break;                     \
         case 2: vnni_block(j, cb, r0, 2, 2, BITS, G); break;                     \
         case 3: vnni_block(j, cb, r0, 3, 1, BITS, G); break;                     \

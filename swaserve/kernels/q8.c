@@ -562,12 +562,16 @@ static void *amx_run(void *arg) {
                         widen_tile(pq + (t * nkb + kb) * 512, ps + (t * nkb + kb) * per * ssize,
                                    po ? po + (t * nkb + kb) * per : 0, j->flags,
                                    buf + t * 512);
-                _tile_loadd(4, x0 + kb * ldk, 64);
+                /* with more than 32 rows x streams by from L2 once a pair: loaded past L1,
+                 * it leaves the pair's widened blocks there (~10 % of a 64-128-row head) */
+                if (whole) _tile_stream_loadd(4, x0 + kb * ldk, 64);
+                else _tile_loadd(4, x0 + kb * ldk, 64);
                 _tile_loadd(6, b, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 if (two) { _tile_loadd(7, b + 512, 64); _tile_dpbf16ps(1, 4, 7); }
                 if (rows1 > 0) {
-                    _tile_loadd(5, x1 + kb * ldk, 64);
+                    if (whole) _tile_stream_loadd(5, x1 + kb * ldk, 64);
+                    else _tile_loadd(5, x1 + kb * ldk, 64);
                     _tile_dpbf16ps(2, 5, 6);
                     if (two) _tile_dpbf16ps(3, 5, 7);
                 }

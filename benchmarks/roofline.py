@@ -8,8 +8,9 @@ FLOP a cycle a core). Then the engine (bundled Gemma 3 270M, bf16, no prefix cac
 decode at each batch size (128-token prompts; the median decode step) and prefill of one
 prompt of each length, each beside its bound and the share of it achieved:
 
-  decode: max(GGUF bytes / bandwidth, FLOPs / compute ceiling) a step (one weight read a
-          step at best; FLOPs = 2 x parameters x rows + attention over the context)
+  decode: max((GGUF bytes + the cache's K and V at the rows' context) / bandwidth,
+          FLOPs / compute ceiling) a step (one weight read a step at best, and every row's
+          keys and values once; FLOPs = 2 x parameters x rows + attention over the context)
   prefill: FLOPs / compute ceiling (full layers' attention is quadratic in length, the
           sliding layers' linear past the window: both are printed)
 
@@ -121,7 +122,17 @@ def attention_flops(cfg, length: int, queries: int) -> tuple[float, float]:
     return full, sliding
 
 
+def kv_bytes(cfg, length: int, dtype_bytes: int = 2) -> float:
+    """Bytes of K and V one decode row reads over all layers at context `length` (a
+    sliding layer's keys stop at the window)."""
+    window = cfg.sliding_window or length
+    keys = sum(min(length, window) if kind == "sliding" else length for kind in cfg.layer_types)
+    return 2.0 * keys * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
 def decode_run(eng, batch: int, steps: int, prompt_len: int, profile: bool):
+    """(the median step's seconds, the profiler or None, the rows' mean context over the
+    timed steps)."""
     from swaserve import profile as prof
     from swaserve.sampling.params import SamplingParams
 
@@ -136,6 +147,7 @@ def decode_run(eng, batch: int, steps: int, prompt_len: int, profile: bool):
     while any(not r.output_token_ids for r in reqs):
         eng.step()
     times = []
+    start = statistics.mean(r.num_tokens for r in reqs)
     profiler = prof.start() if profile else None
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -143,12 +155,13 @@ def decode_run(eng, batch: int, steps: int, prompt_len: int, profile: bool):
         times.append(time.perf_counter() - t0)
         assert eng.last_step.num_seqs == batch and eng.last_step.num_tokens == batch
     prof.stop()
+    context = (start + statistics.mean(r.num_tokens for r in reqs)) / 2
     for r in reqs:
         eng.abort(r.request_id)
     eng.settle()
     for r in reqs:
         eng.release(r.request_id)
-    return statistics.median(times), profiler
+    return statistics.median(times), profiler, context
 
 
 def prefill_run(eng, length: int, repeats: int, profile: bool):
@@ -210,17 +223,18 @@ def main() -> None:
     profiles = {}
     for b in args.batches:
         log(f"[decode] batch {b}")
-        step_s, profiler = decode_run(eng, b, args.steps, args.prompt_len, profile=False)
-        ctx = args.prompt_len + args.steps // 2
-        full, sliding = attention_flops(cfg, ctx, 1)
+        step_s, profiler, ctx = decode_run(eng, b, args.steps, args.prompt_len, profile=False)
+        full, sliding = attention_flops(cfg, round(ctx), 1)
         flops = b * (2 * (layers_p + head_p) + full + sliding)
-        bound = max(weight_bytes / ceil["bandwidth"], flops / ceil["compute"])
-        kind = "bytes" if weight_bytes / ceil["bandwidth"] >= flops / ceil["compute"] else "FLOPs"
+        kv = b * kv_bytes(cfg, round(ctx))  # the cache's K and V: read once a step too
+        read_s, compute_s = (weight_bytes + kv) / ceil["bandwidth"], flops / ceil["compute"]
         rows.append({"workload": f"decode batch {b}", "tok_s": b / step_s,
-                     "ms_step": 1000 * step_s, "bound": kind, "bound_ms": 1000 * bound,
-                     "share": bound / step_s, "gflop": flops / 1e9})
+                     "ms_step": 1000 * step_s, "bound": "bytes" if read_s >= compute_s else "FLOPs",
+                     "bound_ms": 1000 * max(read_s, compute_s),
+                     "share": max(read_s, compute_s) / step_s, "gflop": flops / 1e9,
+                     "context": ctx, "kv_mb": kv / 1e6})
         if b in args.profile_batches:
-            _, profiler = decode_run(eng, b, args.steps, args.prompt_len, profile=True)
+            _, profiler, _ = decode_run(eng, b, args.steps, args.prompt_len, profile=True)
             profiles[f"decode batch {b}"] = breakdown(profiler, args.steps)
     del eng
     for length in args.prefill:
@@ -244,11 +258,12 @@ def main() -> None:
           f"TFLOP/s; {amx_peak(ceil)}")
     for k, v in sorted(ceil["matmul"].items()):
         print(f"  {k:28s} {v / 1e12:6.2f} TFLOP/s")
-    print("\n| workload | tok/s | ms/step | GFLOP | bound | bound ms | share |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| workload | tok/s | ms/step | GFLOP | K/V MB | bound | bound ms | share |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        kv = f"{r['kv_mb']:.0f} (context {r['context']:.0f})" if "kv_mb" in r else "-"
         print(f"| {r['workload']} | {r['tok_s']:,.0f} | {r['ms_step']:.1f} | {r['gflop']:.1f} "
-              f"| {r['bound']} | {r['bound_ms']:.1f} | {100 * r['share']:.0f} % |")
+              f"| {kv} | {r['bound']} | {r['bound_ms']:.1f} | {100 * r['share']:.0f} % |")
     for r in rows:
         if "attention_gflop" in r:
             a = r["attention_gflop"]

@@ -15,8 +15,9 @@ prompt of each length, each beside its bound and the share of it achieved:
           sliding layers' linear past the window: both are printed)
 
 Then a per-step breakdown (swaserve/profile.py) at batch 32 (`--profile-batches`) and at prefill 512: LM head,
-projections, attention, norms and activations, the fused decode call, sampling, and the
-host work (scheduling, preparing inputs, postprocessing, the rest of the step).
+projections, attention, norms and activations (inside the fused decode call too: it times
+its own kernels; what is left of it is the cache writes), sampling, and the host work
+(scheduling, preparing inputs, postprocessing, the rest of the step).
 
     python benchmarks/roofline.py [--batches 1 8 32 64 128] [--prefill 512 2048]
                                   [--steps 24] [--profile-batches 32 128] [--json out.json]

@@ -54,6 +54,15 @@ class Profiler:
         if stack:
             stack[-1][2] += spent
 
+    def credit(self, name: str, seconds: float) -> None:
+        """`seconds` measured inside the part now running (a C call's own timers) count
+        to part `name` instead."""
+        self.seconds[name] += seconds
+        self.calls[name] += 1
+        stack = self._stack()
+        if stack:
+            stack[-1][2] += seconds
+
     def report(self) -> dict[str, tuple[float, int]]:
         """part -> (exclusive seconds, calls), largest first."""
         return {k: (self.seconds[k], self.calls[k])

@@ -15,6 +15,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 
@@ -65,24 +66,41 @@ typedef struct decode_bufs { /* scratch, each [m, its width] bf16 */
 } bufs_t;
 
 
-/* x [m, hidden] bf16, updated in place. 0 on success, else the failing kernel's code. */
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* x [m, hidden] bf16, updated in place. With `seconds` (DECODE_PARTS of them, or NULL),
+ * each kernel's time is added to its part. 0 on success, else the failing kernel's code. */
 int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
                   int64_t num_layers, const struct decode_kind *kinds, uint16_t *x,
                   const struct decode_bufs *b, int64_t m, int64_t hidden, int64_t heads,
-                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads) {
+                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads,
+                  double *seconds) {
     const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, qkv_n = qs + 2 * kvs;
     int rc;
+    double t0 = 0.0;
+#define START() (t0 = seconds ? now() : 0.0)
+#define STOP(part) (seconds ? (void)(seconds[part] += now() - t0) : (void)0)
 #define Q8(w, in, out)                                                                    \
+    START();                                                                              \
     if ((rc = f->q8((in), (w).pq, (w).ps, (w).po, (int)(w).flags | Q8_BF16_OUT, (out), m,     \
                     (w).n, (w).k, threads)))                                              \
-        return rc;
+        return rc;                                                                        \
+    STOP(DECODE_PRODUCTS);
     for (int64_t i = 0; i < num_layers; i++) {
         const layer_t *L = layers + i;
         const kind_t *kd = kinds + L->kind;
+        START();
         f->norm(x, L->attn_norm, b->h, m, 1, hidden, 0, hidden, eps, threads);
+        STOP(DECODE_NORMS);
         Q8(L->qkv, b->h, b->qkv);
+        START();
         f->rope(b->qkv, qkv_n, L->q_norm, L->k_norm, kd->cos, kd->sin, head_dim, b->q, b->k,
                 m, heads, kv_heads, head_dim, eps, threads);
+        STOP(DECODE_NORMS);
         for (int64_t r = 0; r < m; r++) { /* the cache write: index_copy_ of k and v */
             const int64_t s = kd->write_slots[r];
             memcpy(L->k_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
@@ -93,18 +111,28 @@ int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
             memcpy(L->kw_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
             memcpy(L->vw_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs, (size_t)kvs * 2);
         }
+        START();
         if ((rc = f->attn(b->q, qs, L->k_pool, L->v_pool, kd->key_slots, kd->mask, NULL,
                           b->attn, m, heads, kv_heads, head_dim, kd->keys, scale, threads)))
             return rc;
+        STOP(DECODE_ATTENTION);
         Q8(L->o, b->attn, b->o);
+        START();
         f->add_norm(x, b->o, hidden, L->post_attn_norm, L->ffn_norm, x, b->h, m, hidden, eps,
                     threads);
+        STOP(DECODE_NORMS);
         Q8(L->gate_up, b->h, b->gu);
+        START();
         f->gelu(b->gu, b->act, m, L->gate_up.n / 2, L->gate_up.n, threads);
+        STOP(DECODE_NORMS);
         Q8(L->down, b->act, b->down);
+        START();
         f->add_norm(x, b->down, hidden, L->post_ffn_norm, NULL, x, NULL, m, hidden, eps,
                     threads);
+        STOP(DECODE_NORMS);
     }
 #undef Q8
+#undef START
+#undef STOP
     return 0;
 }

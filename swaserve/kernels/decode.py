@@ -72,12 +72,21 @@ def heads_fit(heads: int, kv_heads: int, head_dim: int) -> bool:
             and head_dim <= attention.MAX_DIM and head_dim % 2 == 0)
 
 
+# what decode.c's timers count (kernels.h: DECODE_PRODUCTS, DECODE_ATTENTION, DECODE_NORMS),
+# named as the step profiler names those parts of the layer-by-layer path
+PARTS = {build.constants()[f"DECODE_{k}"]: name for k, name in (
+    ("PRODUCTS", "projections"), ("ATTENTION", "attention"), ("NORMS", "norms + activations"))}
+
+
 def decode_layers(fns: Fns, layers, num_layers: int, kinds, x: torch.Tensor, bufs: Bufs,
                   hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                  scale: float) -> None:
-    """Run `num_layers` layers on x [m, hidden] bf16, in place."""
+                  scale: float, timed: bool = False) -> dict[str, float] | None:
+    """Run `num_layers` layers on x [m, hidden] bf16, in place; with `timed`, the
+    seconds of each of PARTS' kernels (the rest of the call is the cache writes)."""
+    seconds = (ctypes.c_double * len(PARTS))() if timed else None
     rc = _entry()(ctypes.byref(fns), layers, num_layers, kinds, x.data_ptr(), ctypes.byref(bufs),
                   x.shape[0], hidden, heads, kv_heads, head_dim, eps, scale,
-                  torch.get_num_threads())
+                  torch.get_num_threads(), seconds)
     if rc != 0:
         raise RuntimeError(f"decode_layers failed in a kernel (code {rc})")
+    return None if seconds is None else {PARTS[i]: seconds[i] for i in PARTS}

@@ -81,9 +81,16 @@ struct decode_fns;
 struct decode_layer;
 struct decode_kind;
 struct decode_bufs;
+/* decode_layers' timers (seconds, when it is given them): the int8 products, attention,
+ * and the norms, q/k norm + RoPE and GeGLU; the rest of the call is the cache writes */
+#define DECODE_PRODUCTS 0
+#define DECODE_ATTENTION 1
+#define DECODE_NORMS 2
+#define DECODE_PARTS 3
 int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
                   int64_t num_layers, const struct decode_kind *kinds, uint16_t *x,
                   const struct decode_bufs *b, int64_t m, int64_t hidden, int64_t heads,
-                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads);
+                  int64_t kv_heads, int64_t head_dim, float eps, float scale, int threads,
+                  double *seconds);
 
 #endif

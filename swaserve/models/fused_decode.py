@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from swaserve import profile
 from swaserve.kernels import decode, q8
 from swaserve.memory.layout import LayerKind
 
@@ -135,8 +136,11 @@ class FusedDecode:
                                 page_rows.data_ptr() if pages else 0,
                                 page_slots.data_ptr() if pages else 0,
                                 page_rows.numel() if pages else 0)
-        decode.decode_layers(fns, self._layers[kernel], self.num_layers, kinds, x, self._buffers(m),
-                             self.hidden, self.heads, self.kv_heads, self.head_dim, self.eps,
-                             scale)
+        prof = profile.active()
+        parts = decode.decode_layers(fns, self._layers[kernel], self.num_layers, kinds, x,
+                                     self._buffers(m), self.hidden, self.heads, self.kv_heads,
+                                     self.head_dim, self.eps, scale, timed=prof is not None)
+        for name, seconds in (parts or {}).items():  # what is left is the cache writes
+            prof.credit(name, seconds)
         self.steps += 1
         return x

@@ -3,6 +3,9 @@ math with its bf16 roundings; the fused ones give the unfused path's bits exactl
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -178,3 +181,58 @@ def test_row_kernels_over_threads_give_one_threads_bits():
     for r in (0, 151, 299):  # alone, not split
         for alone, split in zip(run(slice(r, r + 1)), runs[1]):
             assert torch.equal(alone, split[r:r + 1])
+
+
+@kernels
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the AVX-512 loops are x86's: elsewhere the portable ones run")
+def test_norm_kernels_portable_loops_give_the_avx512_loops_values(tmp_path, monkeypatch):
+    """norm.c built for a CPU without AVX-512 (x86-64-v3) runs its portable loops: the
+    same values as the AVX-512 loops, bit for bit where no sum of squares is taken (the
+    residual add, RoPE alone) and at most one bf16 step apart after a norm (its sum adds
+    in another order)."""
+    import ctypes
+    import shutil
+
+    from swaserve.kernels import norm
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    lib_path = tmp_path / "norm-portable.so"
+    assert build.compile_library(cc, Path(norm.__file__).with_name("norm.c"), lib_path,
+                                 arch="x86-64-v3")
+    lib, signatures = ctypes.CDLL(str(lib_path)), build.signatures()
+
+    def portable(name):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = signatures[name]
+        return fn
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(40, 650, generator=g) * 5).to(torch.bfloat16)  # 650: a tail of 10
+    d = (torch.randn(40, 650, generator=g) * 2).to(torch.bfloat16)
+    w = torch.rand(650, generator=g) + 0.5
+    qkv = (torch.randn(40, 6 * 72, generator=g) * 3).to(torch.bfloat16)  # halves of 36
+    qn, kn = torch.rand(72, generator=g) + 0.5, torch.rand(72, generator=g) + 0.5
+    inv, scale = rope_inv_freq(72, 10_000.0)
+    cos, sin = rope_cos_sin(torch.arange(500, 540), inv, torch.bfloat16, scale)
+
+    def run():
+        return {"norm": norm.rms_norm_bf16(x, w, 1e-6),
+                "add": norm.add_rms_norm_bf16(x, d, None, None, 1e-6)[0],
+                "add + norms": norm.add_rms_norm_bf16(x, d, w, w, 1e-6),
+                "rope": norm.qk_norm_rope_bf16(qkv, 4, 1, 72, None, None, cos, sin, 1e-6),
+                "norms + rope": norm.qk_norm_rope_bf16(qkv, 4, 1, 72, qn, kn, cos, sin, 1e-6)}
+
+    native = run()
+    for entry, name in (("norm_entry", "rms_norm_bf16"), ("add_norm_entry", "add_rms_norm_bf16"),
+                        ("rope_entry", "qk_norm_rope_bf16")):
+        monkeypatch.setattr(norm, entry, lambda name=name: portable(name))
+    ported = run()
+    assert torch.equal(ported["add"], native["add"])
+    assert all(torch.equal(a, b) for a, b in zip(ported["rope"], native["rope"]))
+    for key in ("norm", "add + norms", "norms + rope"):
+        a = ported[key] if isinstance(ported[key], tuple) else (ported[key],)
+        b = native[key] if isinstance(native[key], tuple) else (native[key],)
+        for p, n in zip(a, b, strict=True):
+            assert torch.allclose(p.float(), n.float(), rtol=2 ** -7, atol=0), key
+            assert (p == n).float().mean() > 0.98, key  # a few values at a rounding edge

@@ -114,14 +114,16 @@ def _cpu_flags() -> str:
     return ""
 
 
-def compile_library(cc: str, source: Path, lib: Path) -> bool:
+def compile_library(cc: str, source: Path, lib: Path, arch: str = "native") -> bool:
+    """`source` built into `lib` for CPU `arch` (-march: this CPU, or e.g. x86-64-v3 to
+    build the loops of a CPU without AVX-512); False when it cannot be."""
     try:
         lib.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
         os.close(fd)
         # OpenMP where the compiler has it (the kernels then share torch's worker threads)
         for threads in ("-fopenmp", "-fopenmp-simd"):
-            cmd = [cc, "-O3", "-march=native", threads, "-fPIC", "-shared", "-pthread",
+            cmd = [cc, "-O3", f"-march={arch}", threads, "-fPIC", "-shared", "-pthread",
                    str(source), "-o", tmp, "-lm"]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if r.returncode == 0:

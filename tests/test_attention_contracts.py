@@ -202,3 +202,30 @@ def _budget_for_pages(path, pages, page_size, rows=8, chunk=16):
     layout = resolve_model(path).model_config().cache_layout()
     ring = layout.ring_size(chunk, page_size)
     return rows * fixed_bytes_per_row(layout, ring, 4, 512) + pages * page_size * full_bytes_per_token(layout, 4)
+
+
+@pytest.mark.parametrize("block", [3, 5])
+def test_a_long_fresh_chunk_attends_its_band_block_by_block(tiny_hybrid, monkeypatch, block):
+    """A one-shot prompt chunk longer than the window runs its sliding layers' attention in
+    blocks of BAND_QUERIES queries, each over only the keys its queries' windows reach
+    (models/attention.py `_banded`): the logits are still transformers', and the blocks
+    did run."""
+    from swaserve.models import attention as backend
+
+    monkeypatch.setattr(backend, "BAND_QUERIES", block)
+    shapes, real = [], backend._attend
+
+    def spy(q, k, *args):
+        if q.shape[2] > 1:  # prompt rows
+            shapes.append((q.shape[2], k.shape[2]))
+        return real(q, k, *args)
+
+    monkeypatch.setattr(backend, "_attend", spy)
+    path, ref = tiny_hybrid
+    prompt = random_prompt(4 * W + 5, seed=block)
+    [(tokens, logs)] = run_logged(make_engine(path, chunk_size=64), [prompt], max_tokens=W)
+    assert (block, block + W - 1) in shapes  # a block of queries over its band's keys
+    want = hf_logits(ref, prompt + tokens)
+    for i, lg in enumerate(logs):
+        assert (lg - want[len(prompt) - 1 + i]).abs().max().item() < TOL
+    assert tokens == hf_greedy(ref, prompt, len(tokens))

@@ -323,3 +323,19 @@ def test_all_sliding_and_no_sliding_through_the_server(request, fixture):
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
+
+
+def test_gpt_oss_band_blocks_keep_the_sinks(gpt_oss, monkeypatch):
+    """Sliding layers of a one-shot prompt chunk past the window attend in blocks of
+    queries (`_banded`); each block's softmax still holds its heads' sinks."""
+    from swaserve.models import attention as backend
+
+    monkeypatch.setattr(backend, "BAND_QUERIES", 4)
+    path, ref = gpt_oss
+    prompt = random_prompt(4 * W + 3, seed=12)
+    eng = engine(path, chunk_size=64)
+    eng.logits_log = []
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
+    while eng.has_unfinished():
+        eng.step()
+    assert (eng.logits_log[0][2] - hf_logits(ref, prompt)[-1]).abs().max().item() < TOL

@@ -54,6 +54,34 @@ def test_a_taken_core_costs_one_thread_until_it_is_free_again():
     assert gov.threads == 2 and m.set_to == [1, 2]
 
 
+def test_steps_far_slower_than_their_quiet_pace_drop_a_thread_after_one_window():
+    """Decode steps of one batch that cost more than the threads left would take at the
+    quiet pace (FAST_COST: 2 threads -> 1 at over 2.2x) drop at once, without the BASELINE
+    steps; other rows' quiet pace says nothing about them, and a milder slowdown waits."""
+    m = Machine()
+    gov = m.governor(2)
+    for _ in range(8):
+        m.step(gov, 0.012, 0, 0.0)  # batch 1, quiet
+    slow = 0
+    while gov.threads == 2 and slow < BASELINE:
+        m.step(gov, 0.120, 14, 0.0)  # beside a busy process: 10x slower
+        slow += 1
+    assert gov.threads == 1 and m.set_to == [1] and slow < WINDOW  # the window's 4th: quiet
+    for _ in range(WINDOW):  # one thread: 0.022, kept
+        m.step(gov, 0.022, 0, 0.0)
+    assert gov.threads == 1 and m.set_to == [1]
+
+    for slower in ((0.024, 5, 1), (0.240, 14, 32)):  # 2x: not past what 1 thread costs;
+        m = Machine()                                 # 32 rows: never ran quiet
+        gov = m.governor(2)
+        for _ in range(8):
+            m.step(gov, 0.012, 0, 0.0)
+        seconds, switches, rows = slower
+        for _ in range(BASELINE - 2):  # the baseline's first: the last quiet step
+            m.step(gov, seconds, switches, 0.0, tokens=rows)
+        assert gov.threads == 2 and m.set_to == [], slower
+
+
 def test_more_cores_give_up_one_thread_at_a_time():
     m = Machine()
     gov = m.governor(4)
@@ -107,8 +135,10 @@ def test_prompt_steps_do_not_set_the_cost_a_decode_step_is_judged_by():
         m.step(gov, 0.012, 0, 0.0)
     steps = [(0.375, 64, 39), (0.088, 64, 14)] + [(0.017, 1, 3)] * 10 + [
         (0.140, 1, 15), (0.017, 1, 3), (0.140, 1, 15), (0.017, 1, 3)]
-    for seconds, tokens, switches in steps:
+    for seconds, tokens, switches in steps:  # two threads' steps, until one is dropped
         m.step(gov, seconds, switches, 0.0, tokens=tokens, rows=1)
+        if gov.threads == 1:
+            break
     assert gov.threads == 1
     for _ in range(2 * WINDOW):
         m.step(gov, 0.020, 0, 0.0)

@@ -28,6 +28,16 @@ quiet steps from before the other work started: against those one thread's 20 ms
 slow too. When the steps on trial hold too few of a kind that came before (SAME_KIND),
 the trial runs on, up to TRIAL_MAX steps, then every thread comes back.
 
+A drop need not wait for the BASELINE steps when the last WINDOW decode steps of one
+batch size, switched out DROP_SWITCHES times a step on average, already cost more than
+the threads left could take at the machine's quiet pace: a token of those rows cost q
+quiet with every thread (the last quiet step of that many rows), so with one thread fewer
+it costs at most q x threads / (threads - 1) if the remaining threads run unhindered; a
+window costing FAST_COST (1 / KEEP_GAIN) times that or more drops a thread at once, judged
+as any drop. Beside a busy loop two threads' batch-1 steps took 19-27 ms with a 120-350
+ms stall every 6-8 (12 quiet, 22 with one thread), and waiting for 16 of them cost ~0.6 s
+of a 32-token request.
+
 While it runs with fewer threads it reads the machine's idle time (/proc/stat) every
 CHECK_S seconds: the cores it left free idle once the other process is gone, and it
 gives all the threads back.
@@ -68,6 +78,7 @@ QUIET_SWITCHES = 1  # WINDOW steps in a row with at most this many: the machine 
 DROP_SWITCHES = 4  # involuntary context switches a step (and a second, below) that mean
 DROP_RATE = 70.0  # a core is taken
 KEEP_GAIN = 0.9  # fewer threads are kept when a token costs below this share of before
+FAST_COST = 1 / KEEP_GAIN  # a window this far past what fewer threads would cost: drop now
 SAME_KIND = 2  # steps of one kind on each side of a drop that can judge it
 TRIAL_MAX = 4 * WINDOW  # steps on trial without enough of one kind: the threads come back
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 80.0  # after a drop that did not pay: no trial for this long
@@ -94,6 +105,7 @@ class _Step:
     switches: int  # involuntary context switches during the step
     seconds: float
     tokens: int
+    rows: int
     decode: bool  # one token a row; else the step holds prompt tokens
 
 
@@ -120,13 +132,14 @@ class ThreadGovernor:
         self._trial: list[_Step] = []  # the steps since
         self._backoff = BACKOFF_S
         self._no_trial_until = 0.0
+        self._quiet_cost: dict[int, float] = {}  # rows -> a decode token's seconds, quiet
         self.changes = 0  # times it changed the thread count
 
     def after_step(self, seconds: float, tokens: int, rows: int) -> None:
         """Call once a step of `seconds` computing `tokens` for `rows` requests is done (on
         the thread that runs the steps)."""
         now_switches = self._switches()
-        step = _Step(now_switches - self._last_switches, seconds, tokens, tokens <= rows)
+        step = _Step(now_switches - self._last_switches, seconds, tokens, rows, tokens <= rows)
         self._last_switches = now_switches
         if self._before is not None:
             self._trial.append(step)
@@ -136,15 +149,35 @@ class ThreadGovernor:
             self._quiet = self._quiet + 1 if step.switches <= QUIET_SWITCHES else 0
             if self._quiet >= WINDOW:  # steps from before other work came judge nothing
                 self._recent.clear()
+            if step.decode and step.switches <= QUIET_SWITCHES and self.threads == self.full:
+                self._quiet_cost[rows] = seconds / max(tokens, 1)
             self._recent.append(step)
-        if (self.threads > 1 and len(self._recent) == BASELINE
-                and self._clock() >= self._no_trial_until and self._core_taken()):
+        if (self.threads > 1 and self._clock() >= self._no_trial_until
+                and ((len(self._recent) == BASELINE and self._core_taken()) or self._stalled())):
             before = list(self._recent)
             self._change(self.threads - 1, "a core is taken by other work")
             self._before = before
             return
         if self.threads < self.full:
             self._check_free()
+
+    def _stalled(self) -> bool:
+        """The last WINDOW decode steps of this step's rows (prompt steps between them
+        aside) were switched out DROP_SWITCHES times a step and DROP_RATE a second on
+        average (one stall of 150 ms and 14 switches between steps of 1-3: the median of
+        `_core_taken` waits for more), and a token of them cost at least FAST_COST x what
+        one thread fewer would at the quiet pace (module docstring)."""
+        last = self._recent[-1]
+        window = [s for s in self._recent if s.decode and s.rows == last.rows][-WINDOW:]
+        if not last.decode or len(window) < WINDOW:
+            return False
+        quiet = self._quiet_cost.get(last.rows)
+        switches, seconds = sum(s.switches for s in window), sum(s.seconds for s in window)
+        if (quiet is None or switches < DROP_SWITCHES * WINDOW
+                or switches < DROP_RATE * seconds):
+            return False
+        cost = _token_cost(window, True)[1]
+        return cost >= FAST_COST * quiet * self.threads / (self.threads - 1)
 
     def _core_taken(self) -> bool:
         window = list(self._recent)[-WINDOW:]

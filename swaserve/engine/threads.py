@@ -32,7 +32,7 @@ A drop need not wait for the BASELINE steps when the last WINDOW decode steps of
 batch size, switched out DROP_SWITCHES times a step on average, already cost more than
 the threads left could take at the machine's quiet pace: a token of those rows cost q
 quiet with every thread (the last quiet step of that many rows), so with one thread fewer
-it costs at most q x threads / (threads - 1) if the remaining threads run unhindered; a
+it costs at most q x all threads / (threads - 1) if the remaining threads run unhindered; a
 window costing FAST_COST (1 / KEEP_GAIN) times that or more drops a thread at once, judged
 as any drop. Beside a busy loop two threads' batch-1 steps took 19-27 ms with a 120-350
 ms stall every 6-8 (12 quiet, 22 with one thread), and waiting for 16 of them cost ~0.6 s
@@ -177,7 +177,7 @@ class ThreadGovernor:
                 or switches < DROP_RATE * seconds):
             return False
         cost = _token_cost(window, True)[1]
-        return cost >= FAST_COST * quiet * self.threads / (self.threads - 1)
+        return cost >= FAST_COST * quiet * self.full / (self.threads - 1)
 
     def _core_taken(self) -> bool:
         window = list(self._recent)[-WINDOW:]

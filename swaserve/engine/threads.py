@@ -106,7 +106,11 @@ class _Step:
     seconds: float
     tokens: int
     rows: int
-    decode: bool  # one token a row; else the step holds prompt tokens
+
+    @property
+    def decode(self) -> bool:
+        """One token a row; else the step holds prompt tokens."""
+        return self.tokens <= self.rows
 
 
 def _token_cost(steps: list[_Step], decode: bool) -> tuple[int, float]:
@@ -139,7 +143,7 @@ class ThreadGovernor:
         """Call once a step of `seconds` computing `tokens` for `rows` requests is done (on
         the thread that runs the steps)."""
         now_switches = self._switches()
-        step = _Step(now_switches - self._last_switches, seconds, tokens, rows, tokens <= rows)
+        step = _Step(now_switches - self._last_switches, seconds, tokens, rows)
         self._last_switches = now_switches
         if self._before is not None:
             self._trial.append(step)

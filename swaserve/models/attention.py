@@ -93,6 +93,7 @@ class SDPABackend:
                 vg = v_buf[view.key_slots].transpose(1, 2)
             window = self.layout.layers[layer].window
             with _invariant_kernel(ctx, q):
+                # fresh keys under a mask: the runner's one-shot chunk past the window
                 if view.fresh and view.mask is not None and window is not None:
                     o = _banded(qg, kg, vg, view, window, sinks, scale, gqa)
                 else:

@@ -6,18 +6,30 @@ team ends, no other thread's."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
-from swaserve.engine.threads import BACKOFF_S, BASELINE, CHECK_S, TRIAL_MAX, WINDOW, ThreadGovernor
+from swaserve.engine import threads
+from swaserve.engine.threads import BACKOFF_S, BASELINE, TRIAL_MAX, WINDOW, ThreadGovernor
+
+FREE_AFTER = 3 * threads.CHECK_S  # seconds of idle cores that free them
 
 
 class Machine:
-    def __init__(self):
-        self.switches, self.idle, self.now, self.set_to = 0, 0.0, 0.0, []
+    """`taken`: cores other processes keep busy (a busy loop: 1.0), while steps run."""
+
+    def __init__(self, taken: float = 1.0, readable: bool = True):
+        self.switches, self.idle, self.others, self.now, self.set_to = 0, 0.0, 0.0, 0.0, []
+        self.taken, self.readable = taken, readable
 
     def governor(self, threads: int) -> ThreadGovernor:
-        return ThreadGovernor(threads, lambda: self.switches, lambda: self.idle,
+        return ThreadGovernor(threads, lambda: self.switches, self.cores,
                               lambda: self.now, self.set_to.append)
+
+    def cores(self) -> tuple[float, float] | None:
+        return (self.idle, self.others) if self.readable else None
 
     def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float,
              tokens: int = 1, rows: int | None = None):
@@ -25,6 +37,7 @@ class Machine:
         self.now += seconds
         self.switches += switches
         self.idle += idle_cores * seconds
+        self.others += (self.taken if switches > 1 else 0.0) * seconds
         gov.after_step(seconds, tokens, tokens if rows is None else rows)
 
 
@@ -49,7 +62,7 @@ def test_a_taken_core_costs_one_thread_until_it_is_free_again():
     for _ in range(20):  # still busy, and a step is 4x faster: kept, nothing idles
         m.step(gov, 0.030, 1, 0.0)
     assert gov.threads == 1 and m.set_to == [1]
-    for _ in range(int(3 * CHECK_S / 0.030)):  # the other process ended: a core idles
+    for _ in range(int(FREE_AFTER / 0.030)):  # the other process ended: a core idles
         m.step(gov, 0.030, 0, 1.0)
     assert gov.threads == 2 and m.set_to == [1, 2]
 
@@ -83,7 +96,9 @@ def test_steps_far_slower_than_their_quiet_pace_drop_a_thread_after_one_window()
 
 
 def test_more_cores_give_up_one_thread_at_a_time():
-    m = Machine()
+    """Other work on two of four cores: one thread goes, then a second, once other work
+    still takes more than the core given up."""
+    m = Machine(taken=2.0)
     gov = m.governor(4)
     for _ in range(BASELINE):
         m.step(gov, 0.100, 12, 0.0)
@@ -97,18 +112,47 @@ def test_more_cores_give_up_one_thread_at_a_time():
     for _ in range(WINDOW):  # faster again: kept
         m.step(gov, 0.040, 0, 0.0)
     assert gov.threads == 2
-    for _ in range(int(3 * CHECK_S / 0.05)):
+    for _ in range(int(FREE_AFTER / 0.05)):
         m.step(gov, 0.050, 0, 0.5)  # half a core idle of the two given up: not free yet
     assert gov.threads == 2
-    for _ in range(int(3 * CHECK_S / 0.05)):
+    for _ in range(int(FREE_AFTER / 0.05)):
         m.step(gov, 0.050, 0, 2.0)
     assert gov.threads == 4
 
 
+def test_work_that_takes_little_of_a_core_drops_no_thread_however_often_it_switches():
+    """An HTTP client on the same two cores (a fifth of one) wakes for every streamed token
+    and switches the compute threads out as often as a busy loop does."""
+    m = Machine(taken=0.2)
+    gov = m.governor(2)
+    for _ in range(8):
+        m.step(gov, 0.012, 0, 0.0)  # batch 1, quiet
+    m.now += 1.0  # no step: the engine waits while the client starts up on a core
+    m.others, m.idle = m.others + 0.93, m.idle + 0.92
+    for _ in range(4 * BASELINE):
+        m.step(gov, 0.130, 14, 0.0)  # slow enough for the fast drop too
+    assert gov.threads == 2 and m.set_to == []
+    m.taken = 0.8  # then a busy loop: the same switches, now a core is taken
+    for _ in range(BASELINE):
+        m.step(gov, 0.130, 14, 0.0)
+        if gov.threads == 1:
+            break
+    assert gov.threads == 1 and m.set_to == [1]
+
+
+def test_switches_decide_alone_where_the_cores_time_cannot_be_read():
+    m = Machine(taken=0.0, readable=False)
+    gov = m.governor(2)
+    for _ in range(BASELINE):
+        m.step(gov, 0.130, 14, 0.0)
+    assert gov.threads == 1
+
+
 def test_a_drop_that_does_not_pay_is_undone_and_not_tried_again_for_a_while():
-    """Another process takes part of a core (an HTTP client on the same machine): the
-    switches say "taken", but one thread computes a token slower than two did."""
-    m = Machine()
+    """Another process takes part of a core (here 0.6 of one: past TAKEN_SHARE): the
+    switches and the busy time say "taken", but one thread computes a token slower than
+    two did."""
+    m = Machine(taken=0.6)
     gov = m.governor(2)
     for _ in range(BASELINE):
         m.step(gov, 0.050, 8, 0.0, tokens=32)
@@ -238,3 +282,37 @@ def test_async_engine_releases_the_workers_of_the_thread_that_built_it(tiny_hybr
         assert calls == [threading.current_thread()]
     finally:
         aeng.shutdown()
+
+
+def test_compute_threads_default_to_the_cores_this_process_may_run_on(monkeypatch):
+    """A container's cpuset on a bigger host: its cores, not the host's count."""
+    from swaserve.config import EngineConfig
+    from swaserve.distributed.workers import threads_per_rank
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert threads_per_rank(EngineConfig()) == 3
+    assert threads_per_rank(EngineConfig(tensor_parallel_size=3)) == 1
+    assert threads_per_rank(EngineConfig(num_threads=8)) == 8
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+def test_core_seconds_count_another_process_as_others_and_this_one_not():
+    import resource
+    import subprocess
+    import sys
+
+    from swaserve.engine.threads import core_seconds
+
+    idle0, others0 = core_seconds()
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 0.4: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    t = time.process_time()
+    while time.process_time() - t < 0.6:  # this process's own work is not "others"
+        pass
+    idle1, others1 = core_seconds()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = usage.ru_utime + usage.ru_stime
+    assert idle1 >= idle0
+    # /proc/stat samples ticks: a share of the child's time, and far less than its and ours
+    assert 0.7 * child <= others1 - others0 <= child + 0.3

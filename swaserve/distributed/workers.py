@@ -32,10 +32,16 @@ _WATCH_S = 0.2
 
 
 def threads_per_rank(config: EngineConfig) -> int:
-    """--num-threads, else this machine's cores shared among the ranks."""
+    """--num-threads, else the cores this process may run on (a container's cpuset, not the
+    host's count) shared among the ranks."""
     if config.num_threads:
         return config.num_threads
-    return max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
+    return max(1, usable_cores() // config.tensor_parallel_size)
+
+
+def usable_cores() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:

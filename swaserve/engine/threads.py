@@ -38,9 +38,18 @@ as any drop. Beside a busy loop two threads' batch-1 steps took 19-27 ms with a 
 ms stall every 6-8 (12 quiet, 22 with one thread), and waiting for 16 of them cost ~0.6 s
 of a 32-token request.
 
-While it runs with fewer threads it reads the machine's idle time (/proc/stat) every
-CHECK_S seconds: the cores it left free idle once the other process is gone, and it
-gives all the threads back.
+Switches alone do not say how much of a core the other work takes: a server's own
+HTTP client on the same two cores (20 % of a core, waking for every streamed token)
+switched the compute threads out 4-9 times a 29 ms step of 32 rows, as often as a busy
+loop does, and every drop tried there (12 in 40 s) was undone, at 1-3 % of the serving
+rate. So every CHECK_S seconds the governor also reads how the cores this process may run
+on spent the time (/proc/stat): idle, and busy for other processes (their busy time, a
+hypervisor's steal included, less this process's CPU time). A drop needs the other work
+to take TAKEN_SHARE of a core beyond those already given up (a busy loop takes 0.6-1 of
+one); where the counters cannot be read, the switches decide alone. Only an interval
+spent in steps (STEPPING_SHARE of it) counts: while the engine waited for requests, the
+client starting up took 0.93 of a core and 0.92 idled. With fewer threads, the cores it
+left free idle once the other process is gone, and it gives all the threads back.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
@@ -82,22 +91,36 @@ FAST_COST = 1 / KEEP_GAIN  # a window this far past what fewer threads would cos
 SAME_KIND = 2  # steps of one kind on each side of a drop that can judge it
 TRIAL_MAX = 4 * WINDOW  # steps on trial without enough of one kind: the threads come back
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 80.0  # after a drop that did not pay: no trial for this long
-CHECK_S = 0.25  # with fewer threads: how often the idle time is read
+CHECK_S = 0.1  # how often the cores' idle and others' busy time are read
+SPAN = 4  # readings' intervals they are judged over (one 10 ms tick is 5 % of 0.2 s)
+TAKEN_SHARE = 0.5  # of a core past those given up, busy for other work: a drop may pay
 FREE_SHARE = 0.6  # of each core given up, idle: the other process is gone
+STEPPING_SHARE = 0.8  # of a reading's interval in steps, or what it read says nothing
 
 
 def involuntary_switches() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
-def idle_seconds() -> float | None:
-    """All cores' idle (and iowait) seconds since boot, or None off Linux."""
+def core_seconds() -> tuple[float, float] | None:
+    """(idle, busy for other processes) seconds since boot of the cores this process may
+    run on: idle and iowait; and their busy time, steal included, less this process's CPU
+    time. None off Linux."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            lines = [line.split() for line in f if line.startswith("cpu")]
     except OSError:
         return None
-    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+    mine = {f"cpu{i}" for i in getattr(os, "sched_getaffinity", lambda _: ())(0)}
+    rows = [fields for fields in lines if fields[0] in mine] or lines[:1]
+    if not rows:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    idle = sum(int(f[4]) + int(f[5]) for f in rows) / tick
+    total = sum(sum(int(x) for x in f[1:9]) for f in rows) / tick
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return idle, total - idle - usage.ru_utime - usage.ru_stime
 
 
 @dataclass(frozen=True)
@@ -121,17 +144,22 @@ def _token_cost(steps: list[_Step], decode: bool) -> tuple[int, float]:
 
 class ThreadGovernor:
     def __init__(self, threads: int, switches: Callable[[], int] = involuntary_switches,
-                 idle: Callable[[], float | None] = idle_seconds,
+                 cores: Callable[[], tuple[float, float] | None] = core_seconds,
                  clock: Callable[[], float] = time.monotonic,
                  set_threads: Callable[[int], None] = torch.set_num_threads):
         self.full = threads
         self.threads = threads
-        self._switches, self._idle, self._clock, self._set = switches, idle, clock, set_threads
+        self._switches, self._cores, self._clock, self._set = switches, cores, clock, set_threads
         self._recent: deque[_Step] = deque(maxlen=BASELINE)
         self._quiet = 0  # steps in a row with few switches
         self._last_switches = switches()
         self._check_at = 0.0
-        self._last_idle: tuple[float, float] | None = None  # (clock, idle seconds)
+        self._last_cores: tuple[float, float, float] | None = None  # (clock, core_seconds)
+        # the last SPAN intervals between readings spent in steps: (seconds, idle seconds,
+        # others' busy seconds); no reading at all where /proc/stat cannot be read
+        self._intervals: deque[tuple[float, float, float]] = deque(maxlen=SPAN)
+        self._unmeasured = False
+        self._stepping = 0.0  # seconds of steps since that reading
         self._before: list[_Step] | None = None  # the steps before the drop on trial
         self._trial: list[_Step] = []  # the steps since
         self._backoff = BACKOFF_S
@@ -156,14 +184,18 @@ class ThreadGovernor:
             if step.decode and step.switches <= QUIET_SWITCHES and self.threads == self.full:
                 self._quiet_cost[rows] = seconds / max(tokens, 1)
             self._recent.append(step)
-        if (self.threads > 1 and self._clock() >= self._no_trial_until
+        self._stepping += seconds
+        self._read_cores()
+        if (self.threads > 1 and self._clock() >= self._no_trial_until and self._others_busy()
                 and ((len(self._recent) == BASELINE and self._core_taken()) or self._stalled())):
             before = list(self._recent)
             self._change(self.threads - 1, "a core is taken by other work")
             self._before = before
             return
-        if self.threads < self.full:
-            self._check_free()
+        if self.threads < self.full and self._intervals:  # idle now: the latest reading's
+            seconds, idle, _ = self._intervals[-1]
+            if idle >= FREE_SHARE * (self.full - self.threads) * seconds:
+                self._change(self.full, "the cores are free again")
 
     def _stalled(self) -> bool:
         """The last WINDOW decode steps of this step's rows (prompt steps between them
@@ -212,21 +244,32 @@ class ThreadGovernor:
         self._change(self.full, "fewer threads were not faster")
         return False
 
-    def _check_free(self) -> None:
+    def _others_busy(self) -> bool:
+        """Other work took TAKEN_SHARE of a core past the cores given up (module docstring),
+        or that cannot be known here."""
+        if self._unmeasured:
+            return True
+        seconds, others = sum(i[0] for i in self._intervals), sum(i[2] for i in self._intervals)
+        return seconds > 0 and others >= (self.full - self.threads + TAKEN_SHARE) * seconds
+
+
+    def _read_cores(self) -> None:
         now = self._clock()
-        if now < self._check_at:
+        if now < self._check_at or self._unmeasured:
             return
         self._check_at = now + CHECK_S
-        idle = self._idle()
-        if idle is None:
+        seconds = self._cores()
+        if seconds is None:
+            self._unmeasured = True
             return
-        if self._last_idle is not None:
-            elapsed = now - self._last_idle[0]
-            idle_cores = (idle - self._last_idle[1]) / elapsed if elapsed > 0 else 0.0
-            if idle_cores >= FREE_SHARE * (self.full - self.threads):
-                self._change(self.full, "the cores are free again")
-                return
-        self._last_idle = (now, idle)
+        if self._last_cores is not None and now > self._last_cores[0]:
+            elapsed = now - self._last_cores[0]
+            if self._stepping >= STEPPING_SHARE * elapsed:
+                self._intervals.append((elapsed, *(b - a for a, b in
+                                                   zip(self._last_cores[1:], seconds))))
+            else:  # the engine waited: what came before says little of now
+                self._intervals.clear()
+        self._last_cores, self._stepping = (now, *seconds), 0.0
 
     def _change(self, threads: int, why: str) -> None:
         log.info("compute threads %d -> %d: %s", self.threads, threads, why)
@@ -234,7 +277,8 @@ class ThreadGovernor:
         self._set(threads)
         self._recent.clear()
         self._before, self._trial = None, []
-        self._last_idle = None
+        self._last_cores = None  # measured anew with these threads
+        self._intervals.clear()
         self._check_at = 0.0
         self.changes += 1
 

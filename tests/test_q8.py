@@ -152,9 +152,12 @@ def test_bf16_tiles_take_q8_0_scales_as_float16_exactly(kernel):
 
 
 @bf16_tiles
-def test_bf16_tiles_rows_do_not_depend_on_their_batch(kernel):
-    w = random_weight(96, 640, 1).to_tiles()
-    x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+@pytest.mark.parametrize("k", [640, 2048])
+def test_bf16_tiles_rows_do_not_depend_on_their_batch(kernel, k):
+    """Past 32 rows q8_amx widens a pair of column blocks over all of K (2048: 128 KB,
+    past L1) and runs every row chunk over it: the same sums in the same order as 32 rows."""
+    w = random_weight(96, k, 1).to_tiles()
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     whole = w.matmul(x, kernel=kernel)
     for lo, hi in [(0, 1), (3, 20), (7, 40), (31, 33)]:
         assert torch.equal(w.matmul(x[lo:hi], kernel=kernel), whole[lo:hi])

@@ -202,3 +202,51 @@ def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk):
     hit, ref = runs
     assert hit[1] == 4 * W and hit[0] == ref[0]
     assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))
+
+
+def test_eviction_takes_the_least_recently_used_unlocked_leaf_each_time():
+    """Random inserts, hits, locks and unlocks on a bare tree; each eviction of one page
+    takes exactly the leaf a walk of the whole tree finds least recently used (its heap,
+    with stale entries skipped, stays true to the tree), and a locked leaf never goes."""
+    import random
+
+    from swaserve.memory.full_pool import PageAllocator
+    from swaserve.memory.prefix_cache import PrefixCache
+
+    p, rnd = 4, random.Random(0)
+    alloc = PageAllocator(400, p)
+    tree = PrefixCache(p, 8, True, False, alloc, None)
+    prompts = [[rnd.randrange(6) for _ in range(p * rnd.randrange(1, 6))] for _ in range(60)]
+    locked = []
+    evictions = 0
+    for _ in range(600):
+        op = rnd.random()
+        if op < 0.35:
+            tokens = rnd.choice(prompts)
+            pages = alloc.alloc(len(tokens) // p)
+            if pages is None:
+                continue
+            tree.insert(tokens, pages, [])
+            alloc.decref(pages)  # the tree's own references remain
+        elif op < 0.55:
+            hit = tree.match(rnd.choice(prompts))
+            if hit.num_tokens and rnd.random() < 0.5:
+                tree.lock(hit.node, +1)
+                locked.append(hit.node)
+        elif op < 0.7 and locked:
+            tree.lock(locked.pop(rnd.randrange(len(locked))), -1)
+        else:
+            leaves = tree._leaves()
+            if not leaves:
+                continue
+            expected = min(leaves, key=lambda n: n.last_access)
+            before = tree.num_nodes
+            assert tree.evict(full_pages=alloc.num_free + 1)
+            assert tree.num_nodes == before - 1 and expected not in tree._leaves()
+            assert all(n.parent.children.get(n.tokens) is n for n in locked)
+            evictions += 1
+    assert evictions > 50
+    while locked:
+        tree.lock(locked.pop(), -1)
+    tree.evict(full_pages=alloc.num_pages)
+    assert tree.num_nodes == 0 and alloc.num_free == alloc.num_pages

@@ -13,12 +13,20 @@ ring) and make *every* page boundary a restorable hit point. They live in their 
 budget (`window_cache_memory`) and are evicted with their tree nodes, LRU, never while a
 running request holds them (`lock`).
 
+Eviction takes the least recently used unlocked leaf from a heap of the nodes that may be
+one (each pushed when it may have become one: made, touched, unlocked, or its last child
+gone; entries that no longer hold are skipped as they come up). Walking the tree for its
+leaves each time cost 0.08 ms with 1,000 nodes and 0.67 with 7,000, and a server whose
+cache is full evicts a page or two every decode step of 32 rows; a cache of a few GiB
+holds 100,000 nodes.
+
 Address scheme: window page `w` holds positions of one full page at slots
 `w * page_size + offset` of one buffer per sliding layer (dense sliding index).
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 
@@ -75,6 +83,9 @@ class PrefixCache:
         self.window_pool = window_pool
         self.root = Node((), None, None, None)
         self._clock = itertools.count(1)
+        # (last_access, order, node) of nodes that may be evictable leaves (module docstring)
+        self._lru: list[tuple[int, int, Node]] = []
+        self._order = itertools.count()
         self.num_nodes = 0
         self.hit_tokens = 0
         self.query_tokens = 0
@@ -105,6 +116,8 @@ class PrefixCache:
         for n in path[:best]:
             n.last_access = now
         hit = path[:best]
+        if hit:
+            self._offer(hit[-1])
         return Match(hit[-1] if hit else self.root, best * p,
                      [n.full_page for n in hit] if self.has_full else [],
                      [n.window_page for n in hit])
@@ -114,6 +127,8 @@ class PrefixCache:
             node.lock += delta
             if node.lock < 0:
                 raise RuntimeError("prefix cache: node unlocked more than locked")
+            if node.lock == 0:
+                self._offer(node)
             node = node.parent
 
     # -- insertion -------------------------------------------------------------------------
@@ -143,6 +158,7 @@ class PrefixCache:
                 child.window_page = wp
             child.last_access = now
             node = child
+        self._offer(node)
         return node
 
     # -- eviction --------------------------------------------------------------------------
@@ -164,14 +180,27 @@ class PrefixCache:
             return f or w
 
         while short():
-            leaves = sorted(self._leaves(), key=lambda n: n.last_access)
-            if not leaves:
+            if not self._lru:
                 return False
-            for leaf in leaves:
-                self._remove(leaf)
-                if not short():
-                    break
+            access, _, node = heapq.heappop(self._lru)
+            if node.last_access == access and self._evictable(node):
+                self._remove(node)
         return True
+
+    def _evictable(self, node: Node) -> bool:
+        """An unlocked leaf still in the tree."""
+        parent = node.parent
+        return (parent is not None and parent.children.get(node.tokens) is node
+                and not node.children and node.lock == 0)
+
+    def _offer(self, node: Node) -> None:
+        """`node` may have become an evictable leaf: onto the heap with its last access."""
+        if node is self.root or not self._evictable(node):
+            return
+        heapq.heappush(self._lru, (node.last_access, next(self._order), node))
+        if len(self._lru) > 2 * self.num_nodes + 64:  # mostly stale: start over from the tree
+            self._lru = [(n.last_access, next(self._order), n) for n in self._leaves()]
+            heapq.heapify(self._lru)
 
     def evict_all(self) -> None:
         while True:
@@ -188,6 +217,7 @@ class PrefixCache:
             self.window_pool.allocator.decref([node.window_page])
         del node.parent.children[node.tokens]
         self.num_nodes -= 1
+        self._offer(node.parent)
 
     def references(self) -> tuple[dict[int, int], dict[int, int]]:
         """Pages the tree holds (full, window) -> count, for integrity checks."""

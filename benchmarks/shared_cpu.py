@@ -6,9 +6,11 @@ its environment once, when torch loads it.
     python benchmarks/shared_cpu.py [--settings adaptive fixed passive] [--tokens 32]
 
 adaptive: the engine's default (engine/threads.py: fewer threads while a core is taken).
-fixed: SWASERVE_FIXED_THREADS=1 (as adaptive_threads=False), all threads always. The others are fixed threads with an
-OpenMP waiting policy: passive (OMP_WAIT_POLICY=PASSIVE, threads sleep at once), spinN
-(GOMP_SPINCOUNT=N; libgomp's default spins ~0.3 s before sleeping).
+fixed: SWASERVE_FIXED_THREADS=1 (as adaptive_threads=False), all threads always. one: one
+thread always, the most a drop to one thread can keep beside a busy process (its quiet
+speed). The others are fixed threads with an OpenMP waiting policy: passive
+(OMP_WAIT_POLICY=PASSIVE, threads sleep at once), spinN (GOMP_SPINCOUNT=N; libgomp's
+default spins ~0.3 s before sleeping).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import sys
 import time
 
 FIXED = {"SWASERVE_FIXED_THREADS": "1"}
-SETTINGS = {"adaptive": {}, "fixed": FIXED, "passive": {**FIXED, "OMP_WAIT_POLICY": "PASSIVE"},
+THREADS_ENV = "SHARED_CPU_THREADS"  # the child's num_threads, where a setting fixes it
+SETTINGS = {"adaptive": {}, "fixed": FIXED, "one": {**FIXED, THREADS_ENV: "1"},
+            "passive": {**FIXED, "OMP_WAIT_POLICY": "PASSIVE"},
             "spin1k": {**FIXED, "GOMP_SPINCOUNT": "1000"},
             "spin10k": {**FIXED, "GOMP_SPINCOUNT": "10000"}}
 
@@ -35,7 +39,8 @@ def child(tokens: int, repeats: int) -> None:
     """Runs inside one setting's process: prints JSON of tok/s per phase and batch."""
     from swaserve import LLM, SamplingParams
 
-    llm = LLM(max_running_requests=32, prefix_cache=False)
+    llm = LLM(max_running_requests=32, prefix_cache=False,
+              num_threads=int(os.environ.get(THREADS_ENV, 0)) or None)
     prompts = [[2] + [(31 * i + j) % 20000 + 300 for j in range(63)] for i in range(32)]
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
@@ -80,7 +85,7 @@ def main() -> None:
     results = {}
     for name in args.settings:
         log(f"[{name}] running")
-        env = {k: v for k, v in os.environ.items() if k != "SWASERVE_FIXED_THREADS"}
+        env = {k: v for k, v in os.environ.items() if k not in ("SWASERVE_FIXED_THREADS", THREADS_ENV)}
         env.update(SETTINGS[name], SWASERVE_NO_PROGRESS="1")
         r = subprocess.run([sys.executable, __file__, "--child", "--tokens", str(args.tokens),
                             "--repeats", str(args.repeats)], env=env, capture_output=True,

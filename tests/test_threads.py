@@ -304,6 +304,11 @@ def test_core_seconds_count_another_process_as_others_and_this_one_not():
 
     from swaserve.engine.threads import core_seconds
 
+    def children() -> float:  # CPU seconds of this process's ended children so far
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    children0 = children()
     idle0, others0 = core_seconds()
     spin = "import time\nt = time.time()\nwhile time.time() - t < 0.4: pass"
     subprocess.run([sys.executable, "-c", spin], check=True)
@@ -311,8 +316,7 @@ def test_core_seconds_count_another_process_as_others_and_this_one_not():
     while time.process_time() - t < 0.6:  # this process's own work is not "others"
         pass
     idle1, others1 = core_seconds()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    child = usage.ru_utime + usage.ru_stime
+    child = children() - children0
     assert idle1 >= idle0
     # /proc/stat samples ticks: a share of the child's time, and far less than its and ours
     assert 0.7 * child <= others1 - others0 <= child + 0.3

@@ -45,11 +45,12 @@ loop does, and every drop tried there (12 in 40 s) was undone, at 1-3 % of the s
 rate. So every CHECK_S seconds the governor also reads how the cores this process may run
 on spent the time (/proc/stat): idle, and busy for other processes (their busy time, a
 hypervisor's steal included, less this process's CPU time). A drop needs the other work
-to take TAKEN_SHARE of a core beyond those already given up (a busy loop takes 0.6-1 of
-one); where the counters cannot be read, the switches decide alone. Only an interval
-spent in steps (STEPPING_SHARE of it) counts: while the engine waited for requests, the
-client starting up took 0.93 of a core and 0.92 idled. With fewer threads, the cores it
-left free idle once the other process is gone, and it gives all the threads back.
+to take TAKEN_SHARE of a core beyond those already given up, over the last SPAN intervals
+(a busy loop measured 0.84-1.0; one 0.1 s interval alone said 0.23 once); where the
+counters cannot be read, the switches decide alone. Only an interval spent in steps
+(STEPPING_SHARE of it) counts: while the engine waited for requests, the client starting
+up took 0.93 of a core and 0.92 idled. With fewer threads, the cores it left free idle
+once the other process is gone, and it gives all the threads back.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
@@ -192,7 +193,7 @@ class ThreadGovernor:
             self._change(self.threads - 1, "a core is taken by other work")
             self._before = before
             return
-        if self.threads < self.full and self._intervals:  # idle now: the latest reading's
+        if self.threads < self.full and self._intervals:  # the latest reading: idle is now
             seconds, idle, _ = self._intervals[-1]
             if idle >= FREE_SHARE * (self.full - self.threads) * seconds:
                 self._change(self.full, "the cores are free again")
@@ -251,7 +252,6 @@ class ThreadGovernor:
             return True
         seconds, others = sum(i[0] for i in self._intervals), sum(i[2] for i in self._intervals)
         return seconds > 0 and others >= (self.full - self.threads + TAKEN_SHARE) * seconds
-
 
     def _read_cores(self) -> None:
         now = self._clock()

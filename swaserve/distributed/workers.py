@@ -40,6 +40,7 @@ def threads_per_rank(config: EngineConfig) -> int:
 
 
 def usable_cores() -> int:
+    """The cores this process may run on (its affinity), else the machine's."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 

@@ -203,6 +203,7 @@ class PrefixCache:
             heapq.heapify(self._lru)
 
     def evict_all(self) -> None:
+        self._lru = []  # every node goes: no entry would hold
         while True:
             leaves = self._leaves()
             if not leaves:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -28,6 +27,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from swaserve.config import EngineConfig
+from swaserve.distributed.workers import usable_cores
 from swaserve.ray.forward import ForwardedRequest, ResponseStart, call_asgi
 from swaserve.ray.routing import request_blocks
 from swaserve.server.build import ServerOptions, build_server
@@ -58,9 +58,7 @@ def replica_config(config: EngineConfig, num_cpus: float, node_cpus: int) -> Eng
 class EngineReplica:
     def __init__(self, config: EngineConfig, options: ServerOptions, num_cpus: float):
         self.replica_id = serve.get_replica_context().replica_id.to_full_id_str()
-        node_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        self.server = build_server(replica_config(config, num_cpus, node_cpus), options)
+        self.server = build_server(replica_config(config, num_cpus, usable_cores()), options)
         log.info("replica %s: %s", self.replica_id, self.server.aengine.engine.plan.describe())
 
     async def handle(self, req: ForwardedRequest, prefix: list[int] | None = None

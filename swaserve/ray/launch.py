@@ -5,13 +5,13 @@ swaserve.ray:app key=value ...` (Ray's own CLI, with `swaserve serve`'s flags as
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
 from contextlib import contextmanager
 
 from swaserve.config import EngineConfig
+from swaserve.distributed.workers import usable_cores
 from swaserve.server.build import ServerOptions
 
 log = logging.getLogger("swaserve")
@@ -45,7 +45,7 @@ def serve_on_ray(config: EngineConfig, options: ServerOptions, host: str, port: 
 
     t0 = time.monotonic()
     if address is None:  # one machine: a private Ray instance with all its cores
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=usable_cores(), include_dashboard=False, logging_level=logging.WARNING)
     else:
         ray.init(address=address, logging_level=logging.WARNING)
     # after ray.init, whose own handler would kill the process on SIGTERM; a signal during

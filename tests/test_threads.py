@@ -34,6 +34,7 @@ class Machine:
     def step(self, gov: ThreadGovernor, seconds: float, switches: int, idle_cores: float,
              tokens: int = 1, rows: int | None = None):
         """One step; a decode step (a token a row) unless `rows` is fewer than `tokens`."""
+        gov.before_step()
         self.now += seconds
         self.switches += switches
         self.idle += idle_cores * seconds
@@ -129,15 +130,42 @@ def test_work_that_takes_little_of_a_core_drops_no_thread_however_often_it_switc
         m.step(gov, 0.012, 0, 0.0)  # batch 1, quiet
     m.now += 1.0  # no step: the engine waits while the client starts up on a core
     m.others, m.idle = m.others + 0.93, m.idle + 0.92
+    m.step(gov, 0.130, 14, 0.0)  # the wait looked like a busy loop: one thread, presumed
+    assert gov.threads == 1 and m.set_to == [1]
+    for _ in range(int(FREE_AFTER / 0.130)):  # the steps' readings show 0.2 of a core
+        m.step(gov, 0.130, 14, 0.0)
+    assert gov.threads == 2 and m.set_to == [1, 2]
     for _ in range(4 * BASELINE):
         m.step(gov, 0.130, 14, 0.0)  # slow enough for the fast drop too
-    assert gov.threads == 2 and m.set_to == []
+    assert gov.threads == 2 and m.set_to == [1, 2]
     m.taken = 0.8  # then a busy loop: the same switches, now a core is taken
     for _ in range(BASELINE):
         m.step(gov, 0.130, 14, 0.0)
         if gov.threads == 1:
             break
+    assert gov.threads == 1 and m.set_to == [1, 2, 1]
+
+
+def test_a_core_taken_while_the_engine_waited_costs_a_thread_from_the_first_step_on():
+    """A request arrives beside a busy loop that ran through the wait: its prompt step
+    and the steps after run with one thread, until the loop ends and a core idles. A
+    short wait, however busy, or one where other work took less than a core, changes
+    nothing."""
+    for wait, taken, drops in ((0.2, 1.0, False), (2.0, 0.6, False), (0.5, 0.95, True)):
+        m = Machine()
+        gov = m.governor(2)
+        for _ in range(8):
+            m.step(gov, 0.012, 0, 0.0)  # batch 1, quiet
+        m.now += wait
+        m.others += taken * wait
+        m.step(gov, 0.050, 3, 0.0, tokens=64, rows=1)  # the prompt step
+        assert (gov.threads == 1) == drops, (wait, taken)
+    for _ in range(int(FREE_AFTER / 0.020)):  # drop stands: the loop still takes a core
+        m.step(gov, 0.020, 2, 0.0)
     assert gov.threads == 1 and m.set_to == [1]
+    for _ in range(int(FREE_AFTER / 0.020)):  # the loop ended: the core idles
+        m.step(gov, 0.020, 0, 1.0)
+    assert gov.threads == 2 and m.set_to == [1, 2]
 
 
 def test_switches_decide_alone_where_the_cores_time_cannot_be_read():

@@ -315,6 +315,8 @@ class Engine:
     def step(self) -> list[Request]:
         """Run one step; returns the requests that gained a token, finished or failed. With
         overlap these are the previous step's, and the next step is already computing."""
+        if self.governor is not None:
+            self.governor.before_step()
         try:
             changed = self._step()
         except GroupBroken:  # a rank is gone: no step can run again

@@ -52,6 +52,18 @@ counters cannot be read, the switches decide alone. Only an interval spent in st
 up took 0.93 of a core and 0.92 idled. With fewer threads, the cores it left free idle
 once the other process is gone, and it gives all the threads back.
 
+Steps after a wait need not find out again: a request that arrives beside a busy loop
+ran its 64-token prompt step with two threads in 165-280 ms (25 quiet, ~50 with one), a
+quarter of a 32-token request's time, before any decode step could show the stalls. So
+before the first step after the engine waited IDLE_JUDGE_S or more, the governor reads
+the cores: where other work took IDLE_TAKEN_SHARE of a core past those given up over the
+wait (the engine's own CPU time is not in it; a busy loop 0.95), that step and the ones
+after run with a thread fewer. Nothing judged this drop, and the HTTP client starting up
+took 0.93 of a core too, so it stands only while the steps' readings still show the other
+work taking TAKEN_SHARE of the cores given up (a busy loop beside one thread: ~1.0, the
+client once started 0.2). A shorter wait says little: between a client's requests, its
+own work fills the gap.
+
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
 the governor, as do overlap scheduling (the count would change under a running forward)
@@ -97,6 +109,8 @@ SPAN = 4  # readings' intervals they are judged over (one 10 ms tick is 5 % of 0
 TAKEN_SHARE = 0.5  # of a core past those given up, busy for other work: a drop may pay
 FREE_SHARE = 0.6  # of each core given up, idle: the other process is gone
 STEPPING_SHARE = 0.8  # of a reading's interval in steps, or what it read says nothing
+IDLE_JUDGE_S = 0.4  # a wait at least this long is judged by what ran during it
+IDLE_TAKEN_SHARE = 0.85  # of a core past those given up, busy for other work over the wait
 
 
 def involuntary_switches() -> int:
@@ -166,11 +180,38 @@ class ThreadGovernor:
         self._backoff = BACKOFF_S
         self._no_trial_until = 0.0
         self._quiet_cost: dict[int, float] = {}  # rows -> a decode token's seconds, quiet
+        self._presumed = False  # the threads were given up before a step, after a wait
+        self._last_end: float | None = None  # when the last step ended
         self.changes = 0  # times it changed the thread count
+
+    def before_step(self) -> None:
+        """Call before each step (on the thread that runs the steps): after a wait of
+        IDLE_JUDGE_S or more, threads go where other work took the cores meanwhile."""
+        now = self._clock()
+        if (self._last_end is None or now - self._last_end < IDLE_JUDGE_S
+                or self._unmeasured or self._last_cores is None):
+            return
+        wait, self._last_end = now - self._last_end, None  # this wait is judged once
+        seconds = self._cores()
+        if seconds is None:
+            self._unmeasured = True
+            return
+        # other work since the last reading (up to CHECK_S and a step before the wait
+        # began) over the wait alone: a wait's busy loop is not thinned by quiet steps
+        others = seconds[1] - self._last_cores[2]
+        self._last_cores, self._stepping, self._check_at = (now, *seconds), 0.0, now + CHECK_S
+        self._intervals.clear()
+        threads = self.threads
+        while threads > 1 and others >= (self.full - threads + IDLE_TAKEN_SHARE) * wait:
+            threads -= 1
+        if threads < self.threads and now >= self._no_trial_until:
+            self._change(threads, "other work took a core while the engine waited")
+            self._presumed = True
 
     def after_step(self, seconds: float, tokens: int, rows: int) -> None:
         """Call once a step of `seconds` computing `tokens` for `rows` requests is done (on
         the thread that runs the steps)."""
+        self._last_end = self._clock()
         now_switches = self._switches()
         step = _Step(now_switches - self._last_switches, seconds, tokens, rows)
         self._last_switches = now_switches
@@ -194,9 +235,12 @@ class ThreadGovernor:
             self._before = before
             return
         if self.threads < self.full and self._intervals:  # the latest reading: idle is now
-            seconds, idle, _ = self._intervals[-1]
-            if idle >= FREE_SHARE * (self.full - self.threads) * seconds:
+            seconds, idle, others = self._intervals[-1]
+            given_up = self.full - self.threads
+            if idle >= FREE_SHARE * given_up * seconds:
                 self._change(self.full, "the cores are free again")
+            elif self._presumed and others < TAKEN_SHARE * given_up * seconds:
+                self._change(self.full, "the other work was not taking a core")
 
     def _stalled(self) -> bool:
         """The last WINDOW decode steps of this step's rows (prompt steps between them
@@ -280,6 +324,7 @@ class ThreadGovernor:
         self._last_cores = None  # measured anew with these threads
         self._intervals.clear()
         self._check_at = 0.0
+        self._presumed = False
         self.changes += 1
 
 

@@ -168,6 +168,37 @@ def test_a_core_taken_while_the_engine_waited_costs_a_thread_from_the_first_step
     assert gov.threads == 2 and m.set_to == [1, 2]
 
 
+def test_a_wait_with_the_cores_free_gives_the_threads_back_however_short_the_steps():
+    """Short requests apart in time (steps never fill a reading's interval): a drop,
+    presumed or measured, comes back before the first step after a wait in which the
+    other work left the given-up core free, and stands while it kept taking it."""
+    for measured in (False, True):
+        m = Machine()
+        gov = m.governor(2)
+        for _ in range(8):
+            m.step(gov, 0.012, 0, 0.0)
+        if measured:  # beside a busy loop from the first step on
+            for _ in range(BASELINE):
+                m.step(gov, 0.130, 14, 0.0)
+                if gov.threads == 1:
+                    break
+        else:  # the wait looked like a busy loop
+            m.now += 0.5
+            m.others += 0.95 * 0.5
+        m.step(gov, 0.030, 3, 0.0)
+        assert gov.threads == 1, measured
+        for _ in range(3):  # the loop goes on: waits it fills leave the drop standing
+            m.now += 0.5
+            m.others += 0.9 * 0.5
+            for _ in range(3):
+                m.step(gov, 0.015, 2, 0.0)
+        assert gov.threads == 1, measured
+        m.now += 0.5  # the loop has ended: the next request finds the cores free
+        m.others += 0.05
+        m.step(gov, 0.015, 0, 1.0)
+        assert gov.threads == 2 and m.set_to == [1, 2], measured
+
+
 def test_switches_decide_alone_where_the_cores_time_cannot_be_read():
     m = Machine(taken=0.0, readable=False)
     gov = m.governor(2)

@@ -62,7 +62,10 @@ after run with a thread fewer. Nothing judged this drop, and the HTTP client sta
 took 0.93 of a core too, so it stands only while the steps' readings still show the other
 work taking TAKEN_SHARE of the cores given up (a busy loop beside one thread: ~1.0, the
 client once started 0.2). A shorter wait says little: between a client's requests, its
-own work fills the gap.
+own work fills the gap. The same judgement gives the threads back: where the other work
+took less than TAKEN_SHARE of the cores given up over such a wait, they come back before
+the step, drop presumed or measured. Requests whose steps never fill a reading's interval
+(a prompt and a few tokens, ~0.1 s) would otherwise keep a drop that no reading can undo.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
@@ -186,7 +189,8 @@ class ThreadGovernor:
 
     def before_step(self) -> None:
         """Call before each step (on the thread that runs the steps): after a wait of
-        IDLE_JUDGE_S or more, threads go where other work took the cores meanwhile."""
+        IDLE_JUDGE_S or more, threads go where other work took the cores meanwhile, and
+        come back where it left the cores given up free."""
         now = self._clock()
         if (self._last_end is None or now - self._last_end < IDLE_JUDGE_S
                 or self._unmeasured or self._last_cores is None):
@@ -201,6 +205,10 @@ class ThreadGovernor:
         others = seconds[1] - self._last_cores[2]
         self._last_cores, self._stepping, self._check_at = (now, *seconds), 0.0, now + CHECK_S
         self._intervals.clear()
+        given_up = self.full - self.threads
+        if given_up and others < TAKEN_SHARE * given_up * wait:  # steps too short to read
+            self._change(self.full, "the cores were free while the engine waited")
+            return
         threads = self.threads
         while threads > 1 and others >= (self.full - threads + IDLE_TAKEN_SHARE) * wait:
             threads -= 1

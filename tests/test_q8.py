@@ -359,12 +359,14 @@ def test_one_header_holds_every_kernels_signature_and_flags():
     assert len(sig["decode_layers"][1]) == 15 and sig["rms_norm_bf16"][0] is None
 
 
-@amx
-@pytest.mark.parametrize("m,n", [(7, 4096), (32, 1552), (33, 48), (128, 8192)])
-def test_amx_argmax_is_the_argmax_of_its_sums(m, n):
-    """Q8_ARGMAX_OUT: the first index of each row's largest float32 sum, as argmax of what
-    q8_amx writes; a tie (outputs 3 and n/2 have the same weights, and row 1 makes them
-    the largest) goes to the first, a NaN sum declines."""
+@pytest.mark.parametrize("kernel", [pytest.param("amx", marks=amx),
+                                    pytest.param("dpbf16", marks=dpbf16),
+                                    pytest.param("vnni", marks=vnni)])
+@pytest.mark.parametrize("m,n", [(1, 4096), (3, 1552), (7, 4096), (13, 48), (33, 8192)])
+def test_tile_argmax_is_the_argmax_of_its_sums(kernel, m, n):
+    """Q8_ARGMAX_OUT on each tile kernel: the first index of each row's largest float32
+    sum, as argmax of what that kernel writes; a tie (outputs 3 and n/2 have the same
+    weights, and row 1 makes them the largest) goes to the first, a NaN sum declines."""
     g = torch.Generator().manual_seed(m)
     q = torch.randint(-128, 128, (n, 64), generator=g, dtype=torch.int8)
     q[3] = q[n // 2] = 127
@@ -373,31 +375,33 @@ def test_amx_argmax_is_the_argmax_of_its_sums(m, n):
     w = q8.Q8Weight(q, scales).to_tiles()
     x = torch.randn(m, 64, generator=g).to(torch.bfloat16)
     x[0] = 0  # every sum 0: index 0
-    x[1] = 1
-    sums = w.matmul(x)  # a decode step's kernel for m rows: q8_amx past VNNI_ROWS
-    got = w.argmax(x)
+    if m > 1:
+        x[1] = 1
+    sums = w.matmul(x, kernel=kernel)
+    got = w.argmax(x, kernel)
     assert torch.equal(got, sums.argmax(-1))
-    assert got[0].item() == 0 and got[1].item() == 3
-    x[2, 5] = float("nan")
-    assert w.argmax(x) is None
+    assert got[0].item() == 0 and (m == 1 or got[1].item() == 3)
+    if tile_kernel_default := q8.tile_kernel(m):  # a decode step's kernel for m rows
+        assert torch.equal(w.argmax(x), w.matmul(x, kernel=tile_kernel_default).argmax(-1))
+    x[m - 1, 5] = float("nan")
+    assert w.argmax(x, kernel) is None
 
 
-def test_argmax_declines_where_amx_does_not_take_the_rows():
-    w = random_weight(64, 64, 0)  # rows layout: not the tiles' kernel
+def test_argmax_declines_where_no_tile_kernel_takes_the_rows():
+    w = random_weight(64, 64, 0)  # rows layout: not the tiles' kernels
     assert w.argmax(torch.zeros(8, 64, dtype=torch.bfloat16)) is None
     if q8.amx_available():  # a prompt step past PROMPT_AMX_ROWS multiplies in bf16
         t = w.to_tiles()
         x = torch.zeros(q8.PROMPT_AMX_ROWS + 1, 64, dtype=torch.bfloat16)
         assert not t.takes(x, "amx") and t.argmax(x, "amx") is None
         assert t.argmax(x[:q8.PROMPT_AMX_ROWS], "amx") is not None
-        assert t.argmax(x[:q8.VNNI_ROWS]) is None  # q8_vnni's rows
 
 
-@amx
+@pytest.mark.skipif(q8.tile_kernel(1) is None, reason="no tile kernel (or no compiler) here")
 def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, monkeypatch):
-    """A bf16 engine with an int8 LM head: a batch of plain greedy rows (more than the VNNI
-    kernel takes) gets its tokens from the head's argmaxes, and they are the tokens of the
-    logits path (taken when logits are logged, or when a row samples)."""
+    """A bf16 engine with an int8 LM head: a batch of plain greedy rows (one row up to nine,
+    so q8_vnni's rows and past them) gets its tokens from the head's argmaxes, and they are
+    the tokens of the logits path (taken when logits are logged, or when a row samples)."""
     from conftest import HYBRID, random_prompt, write_tiny_gemma3
 
     from swaserve.engine.engine import Engine
@@ -410,11 +414,19 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     scales = head.view(128, 1, 32).abs().amax(-1) / 127
     q = torch.round(head / scales).to(torch.int8)
     eng.model.use_q8({"lm_head": q8.Q8Weight(q, scales).to_tiles()})
-    taken = []
+    taken = []  # the rows of each step whose tokens came from the head's argmaxes
     real = q8.Q8Weight.argmax
-    monkeypatch.setattr(q8.Q8Weight, "argmax", lambda self, x, kernel=None: (
-        taken.append(x.shape[0]), real(self, x, kernel))[1])
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def argmax(self, x, kernel=None):
+        tokens = real(self, x, kernel)
+        if tokens is not None:
+            taken.append(x.shape[0])
+        return tokens
+
+    monkeypatch.setattr(q8.Q8Weight, "argmax", argmax)
+    # 4 to 20 tokens: the batch shrinks from nine rows to one as requests finish
+    greedy = [SamplingParams(temperature=0, max_tokens=4 + 2 * i, ignore_eos=True)
+              for i in range(9)]
     prompts = [random_prompt(5 + 3 * i, i) for i in range(9)]
 
     def run(log: bool, params: list[SamplingParams]):
@@ -424,12 +436,13 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
             eng.step()
         return [r.output_token_ids for r in reqs]
 
-    fast = run(False, [greedy] * 9)
-    assert taken and all(m > q8.VNNI_ROWS for m in taken)
+    fast = run(False, greedy)
+    assert 1 in taken and 9 in taken
     taken.clear()
-    assert run(True, [greedy] * 9) == fast and not taken
-    seeded = SamplingParams(temperature=1.0, seed=1, max_tokens=12, ignore_eos=True)
-    assert run(False, [greedy] * 8 + [seeded])[:8] == fast[:8] and not taken
+    assert run(True, greedy) == fast and not taken
+    seeded = SamplingParams(temperature=1.0, seed=1, max_tokens=4, ignore_eos=True)
+    assert run(False, [seeded] + greedy[1:])[1:] == fast[1:]
+    assert taken and max(taken) < 9  # only the steps after the sampled row finished
 
 
 @pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI here")

@@ -13,8 +13,8 @@
 #define Q8_HALVES 1     /* a scale (and offset) per 16 inputs, not 32 */
 #define Q8_F16_SCALES 2 /* scales stored as float16 (exact for Q8_0 and Q5_0: half the bytes) */
 #define Q8_BF16_OUT 4   /* y is bf16, each float32 sum rounded once (what a cast after would do) */
-#define Q8_ARGMAX_OUT 8 /* q8_amx: y is int64 [m], each row's first index of its largest float32
-                           sum (the argmax of the sums it would write); -3 if a sum is NaN */
+#define Q8_ARGMAX_OUT 8 /* y is int64 [m], each row's first index of its largest float32 sum
+                           (the argmax of the sums it would write); -3 if a sum is NaN */
 #define Q8_PACK4 16     /* q8_vnni: pq holds the tiles' values as 4-bit u = q (0..15): per
                            block, 16 input pairs x 16 bytes, value 2b low and 2b + 1 high */
 #define Q8_PACK5 32     /* q8_vnni: 5-bit u = q + 16 (q in -16..15): those nibbles, then per

@@ -124,6 +124,55 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
     return 0;
 }
 
+#ifdef __AVX512F__
+/* Q8_ARGMAX_OUT, shared by the tile kernels: instead of writing its sums, each job folds
+ * every 16 outputs of a row into that row's lane-wise largest sum so far and its column
+ * ([m][16] each, from argmax_alloc). A job takes its columns in increasing order, so a
+ * strictly greater sum keeps the first column of a tie; argmax_reduce then takes the
+ * largest over the jobs' lanes. A NaN sum is reported (the caller computes the logits
+ * instead: NaN orders like nothing here). */
+#include <math.h>
+#include <stdlib.h>
+
+static int argmax_alloc(int njobs, int64_t m, float **best, int32_t **at) {
+    *best = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(float));
+    *at = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(int32_t));
+    if (!*best || !*at) { free(*best); free(*at); return -1; }
+    for (int64_t i = 0; i < njobs * m * 16; i++) { (*best)[i] = -INFINITY; (*at)[i] = INT32_MAX; }
+    return 0;
+}
+
+/* sums v of columns col .. col + 15 into a row's lanes (bv, bi); whether one is NaN */
+static inline int argmax_fold(float *bv, int32_t *bi, __m512 v, int64_t col) {
+    const __m512i cols = _mm512_add_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32((int)col));
+    const __m512 best = _mm512_load_ps(bv);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    _mm512_store_ps(bv, _mm512_mask_mov_ps(best, gt, v));
+    _mm512_store_si512((void *)bi, _mm512_mask_mov_epi32(_mm512_load_si512((const void *)bi),
+                                                         gt, cols));
+    return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
+}
+
+/* tokens [m]: the largest of every job's lanes, a tie to the first column */
+static void argmax_reduce(const float *best, const int32_t *at, int njobs, int64_t m,
+                          int64_t *tokens) {
+    for (int64_t i = 0; i < m; i++) {
+        float v = -INFINITY;
+        int64_t c = INT64_MAX;
+        for (int64_t l = 0; l < (int64_t)njobs * 16; l++) {
+            const int64_t e = (l / 16) * m * 16 + i * 16 + l % 16;
+            if (at[e] != INT32_MAX && (best[e] > v || (best[e] == v && at[e] < c))) {
+                v = best[e];
+                c = at[e];
+            }
+        }
+        tokens[i] = c == INT64_MAX ? 0 : c;  /* every sum -inf: the first, as argmax */
+    }
+}
+#endif
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* Few rows on the same tiles without the tile unit: each row of activations is written as
  * int16 with a power-of-two scale per 32 inputs (exact for every value within 2^7 of its
@@ -149,6 +198,9 @@ typedef struct {
     void *y;
     int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
     int flags;
+    int rc;              /* -3: a sum is NaN (Q8_ARGMAX_OUT) */
+    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
+    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
 } vnni_job_t;
 
 static inline __m512 vnni_scales(const void *ps, int i, int f16) {
@@ -176,7 +228,7 @@ static inline __attribute__((always_inline)) __m512i vnni_weights(const int8_t *
 }
 
 /* rows r0 .. r0 + M of x times column block cb, into y */
-static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j, int64_t cb,
+static inline __attribute__((always_inline)) void vnni_block(vnni_job_t *j, int64_t cb,
                                                              int64_t r0, const int M,
                                                              const int A, const int BITS,
                                                              const int G) {
@@ -232,7 +284,10 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
         }
     }
     for (int i = 0; i < M; i++) {
-        if (j->flags & Q8_BF16_OUT)
+        if (j->flags & Q8_ARGMAX_OUT) {
+            if (argmax_fold(j->best + (r0 + i) * 16, j->at + (r0 + i) * 16, f[i], cb * 16))
+                j->rc = -3;
+        } else if (j->flags & Q8_BF16_OUT)
             _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + (r0 + i) * j->n + cb * 16),
                                 to_bf16(f[i]));
         else
@@ -263,7 +318,7 @@ static inline __attribute__((always_inline)) void vnni_block(const vnni_job_t *j
     }
 
 static void *vnni_run(void *arg) {
-    const vnni_job_t *j = (const vnni_job_t *)arg;
+    vnni_job_t *j = (vnni_job_t *)arg;
     /* rows in spans whose int16 activations stay in L2 while every block takes them */
     const int64_t span = VNNI_SPAN_BYTES / (j->k * 2) > Q8_VNNI_CHUNK
                              ? VNNI_SPAN_BYTES / (j->k * 2) / Q8_VNNI_CHUNK * Q8_VNNI_CHUNK
@@ -335,14 +390,25 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
     int njobs = threads * JOBS_PER_THREAD < blocks ? threads * JOBS_PER_THREAD : (int)blocks;
     vnni_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
     const int64_t per = (blocks + njobs - 1) / njobs;
+    const int argmax = flags & Q8_ARGMAX_OUT;
+    float *best = 0;
+    int32_t *at = 0;
+    if (argmax && argmax_alloc(njobs, m, &best, &at)) { free(xq); free(xs); return -1; }
     for (int t = 0; t < njobs; t++) {
         int64_t lo = t * per < blocks ? t * per : blocks, hi = lo + per < blocks ? lo + per : blocks;
-        jobs[t] = (vnni_job_t){xq, xs, xsum, pq, ps, po, y, m, n, k, lo, hi, flags};
+        jobs[t] = (vnni_job_t){xq, xs, xsum, pq, ps, po, y, m, n, k, lo, hi, flags, 0,
+                               argmax ? best + t * m * 16 : 0, argmax ? at + t * m * 16 : 0};
     }
     parallel(vnni_run, jobs, sizeof(vnni_job_t), njobs, threads);
     free(xq);
     free(xs);
-    return 0;
+    int rc = 0;
+    for (int t = 0; t < njobs; t++)
+        if (jobs[t].rc) rc = jobs[t].rc;
+    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
+    free(best);
+    free(at);
+    return rc;
 }
 #else
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
@@ -482,7 +548,7 @@ static void store_c(void *yv, int64_t ldy, int rows0, int rows1, int two, float 
     }
 }
 
-/* Q8_ARGMAX_OUT: C tiles 0-3 folded into each row's lane-wise maxima instead of written.
+/* Q8_ARGMAX_OUT: C tiles 0-3 folded into each row's lane-wise maxima (argmax_fold).
  * Columns come in increasing order in a lane (a job's blocks, then its two column blocks),
  * so a strictly greater sum keeps the first column of a tie. Returns whether a sum is NaN
  * (the caller then computes the logits instead: NaN orders like nothing here). */
@@ -494,30 +560,16 @@ static int argmax_c(const amx_job_t *j, int64_t m0, int rows0, int rows1, int tw
         _tile_stored(2, stage + 512, 64);
         if (two) _tile_stored(3, stage + 768, 64);
     }
-    const __m512i col0 = _mm512_add_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32((int)(cb * 16)));
-    const __m512i col1 = _mm512_add_epi32(col0, _mm512_set1_epi32(16));
-    __mmask16 nan = 0;
+    int nan = 0;
     for (int i = 0; i < 2; i++) {
         const int rows = i == 0 ? rows0 : rows1;
-        for (int r = 0; r < rows; r++) {
-            float *bv = j->best + (m0 + i * 16 + r) * 16;
-            int32_t *bi = j->at + (m0 + i * 16 + r) * 16;
-            __m512 best = _mm512_load_ps(bv);
-            __m512i at = _mm512_load_si512((const void *)bi);
-            for (int t = 0; t <= two; t++) {
-                const __m512 v = _mm512_load_ps(stage + i * 512 + t * 256 + r * 16);
-                nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-                const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
-                best = _mm512_mask_mov_ps(best, gt, v);
-                at = _mm512_mask_mov_epi32(at, gt, t ? col1 : col0);
-            }
-            _mm512_store_ps(bv, best);
-            _mm512_store_si512((void *)bi, at);
-        }
+        for (int r = 0; r < rows; r++)
+            for (int t = 0; t <= two; t++)
+                nan |= argmax_fold(j->best + (m0 + i * 16 + r) * 16, j->at + (m0 + i * 16 + r) * 16,
+                                   _mm512_load_ps(stage + i * 512 + t * 256 + r * 16),
+                                   (cb + t) * 16);
     }
-    return nan != 0;
+    return nan;
 }
 
 static void *amx_run(void *arg) {
@@ -620,12 +672,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     const int argmax = flags & Q8_ARGMAX_OUT;
     float *best = 0;
     int32_t *at = 0;
-    if (argmax) {  /* each job's lane-wise maxima of every row: -inf, at no column */
-        best = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(float));
-        at = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(int32_t));
-        if (!best || !at) { free(best); free(at); free(xp); return -1; }
-        for (int64_t i = 0; i < njobs * m * 16; i++) { best[i] = -INFINITY; at[i] = INT32_MAX; }
-    }
+    if (argmax && argmax_alloc(njobs, m, &best, &at)) { free(xp); return -1; }
     for (int t = 0; t < njobs; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
@@ -636,21 +683,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     int rc = 0;
     for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
-    if (argmax && rc == 0) {  /* the largest of every job's lanes; a tie to the first column */
-        int64_t *tokens = (int64_t *)y;
-        for (int64_t i = 0; i < m; i++) {
-            float v = -INFINITY;
-            int64_t c = INT64_MAX;
-            for (int64_t l = 0; l < (int64_t)njobs * 16; l++) {
-                const int64_t e = (l / 16) * m * 16 + i * 16 + l % 16;
-                if (at[e] != INT32_MAX && (best[e] > v || (best[e] == v && at[e] < c))) {
-                    v = best[e];
-                    c = at[e];
-                }
-            }
-            tokens[i] = c == INT64_MAX ? 0 : c;  /* every sum -inf: the first, as argmax */
-        }
-    }
+    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
     free(best);
     free(at);
     free(xp);
@@ -684,10 +717,12 @@ typedef struct {
     int64_t m, n, k, lo, hi;
     int flags;
     int rc;
+    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
+    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
 } dp_job_t;
 
 /* rows of x (from row m0) x two widened column blocks b0, b1 over all of K, into y */
-static inline __attribute__((always_inline)) void dp_rows(const dp_job_t *j, const uint16_t *b0,
+static inline __attribute__((always_inline)) void dp_rows(dp_job_t *j, const uint16_t *b0,
                                                           const uint16_t *b1, int64_t m0,
                                                           int64_t cb, int two, const int rows) {
     const int64_t nkb = j->k / BLOCK, ldx = j->k / 2;
@@ -707,7 +742,13 @@ static inline __attribute__((always_inline)) void dp_rows(const dp_job_t *j, con
     }
     for (int r = 0; r < rows; r++) {
         const int64_t at = (m0 + r) * j->n + cb * 16;
-        if (j->flags & Q8_BF16_OUT) {
+        if (j->flags & Q8_ARGMAX_OUT) {
+            float *bv = j->best + (m0 + r) * 16;
+            int32_t *bi = j->at + (m0 + r) * 16;
+            if (argmax_fold(bv, bi, acc0[r], cb * 16) |
+                (two && argmax_fold(bv, bi, acc1[r], (cb + 1) * 16)))
+                j->rc = -3;
+        } else if (j->flags & Q8_BF16_OUT) {
             uint16_t *dst = (uint16_t *)j->y + at;
             if (two)
                 _mm512_storeu_si512((void *)dst, (__m512i)_mm512_cvtne2ps_pbh(acc1[r], acc0[r]));
@@ -751,24 +792,33 @@ static void *dp_run(void *arg) {
     return 0;
 }
 
-/* 0 on success; -1 for shapes (or flags: Q8_ARGMAX_OUT) it does not take */
+/* 0 on success; -1 for shapes it does not take, -3 for a NaN sum with Q8_ARGMAX_OUT */
 int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
               void *y, int64_t m, int64_t n, int64_t k, int threads) {
-    if (m < 1 || n % 16 || k % BLOCK || threads < 1 || (flags & Q8_ARGMAX_OUT)) return -1;
+    if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t blocks = n / 16, pairs = (blocks + 1) / 2;
     int njobs = threads * JOBS_PER_THREAD < pairs ? threads * JOBS_PER_THREAD : (int)pairs;
     dp_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
     const int64_t per = (pairs + njobs - 1) / njobs;
+    const int argmax = flags & Q8_ARGMAX_OUT;
+    float *best = 0;
+    int32_t *at = 0;
+    if (argmax && argmax_alloc(njobs, m, &best, &at)) return -1;
     for (int t = 0; t < njobs; t++) {
         int64_t lo = t * per * 2 < blocks ? t * per * 2 : blocks;
         int64_t hi = lo + per * 2 < blocks ? lo + per * 2 : blocks;
-        jobs[t] = (dp_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0};
+        jobs[t] = (dp_job_t){x, pq, ps, po, y, m, n, k, lo, hi, flags, 0,
+                             argmax ? best + t * m * 16 : 0, argmax ? at + t * m * 16 : 0};
     }
     parallel(dp_run, jobs, sizeof(dp_job_t), njobs, threads);
+    int rc = 0;
     for (int t = 0; t < njobs; t++)
-        if (jobs[t].rc) return jobs[t].rc;
-    return 0;
+        if (jobs[t].rc) rc = jobs[t].rc;
+    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
+    free(best);
+    free(at);
+    return rc;
 }
 #else
 int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,

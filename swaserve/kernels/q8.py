@@ -374,14 +374,15 @@ class Q8Weight:
     def argmax(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor | None:
         """int64 [M]: each row's first index of its largest x @ W.T sum, without writing the
         sums: `matmul(x, kernel=kernel).argmax(-1)` exactly (the same float32 sums, ties to
-        the first). Only where `takes(x, kernel)` and the kernel is q8_amx: None where the
-        caller would multiply otherwise (q8_vnni, or bf16 for a prompt chunk past
+        the first), from whichever tile kernel `matmul` would run. None where the caller
+        would multiply otherwise (the rows layout, or bf16 for a prompt chunk past
         PROMPT_AMX_ROWS), or a sum is NaN."""
-        if (x.dim() != 2 or x.shape[1] != self.shape[1] or not self.takes(x, kernel)
-                or tile_kernel(x.shape[0], kernel) != "amx"):
+        if (not self.tiled or x.dim() != 2 or x.shape[1] != self.shape[1]
+                or not self.takes(x, kernel)):
             return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        return self._run_tiles(amx_entry(), x, tokens, _ARGMAX_OUT)
+        entry = TILE_ENTRIES[tile_kernel(x.shape[0], kernel, any_rows=True)]
+        return self._run_tiles(entry(), x, tokens, _ARGMAX_OUT)
 
     def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:
         """(the values, the flags) tile kernel `kernel` reads: q8_vnni the packed values
@@ -399,7 +400,7 @@ class Q8Weight:
     def _run_tiles(self, fn, x: torch.Tensor, y: torch.Tensor,
                    out_flag: int = 0) -> torch.Tensor | None:
         """A tile kernel (q8_vnni, q8_amx, q8_dpbf16: the same arguments) on this tiled
-        weight, into y: its sums, or with out_flag _ARGMAX_OUT (q8_amx) each row's argmax"""
+        weight, into y: its sums, or with out_flag _ARGMAX_OUT each row's argmax"""
         if fn is None or x.dtype != torch.bfloat16:
             return None
         x = x.contiguous()

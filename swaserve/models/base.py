@@ -225,7 +225,7 @@ class CausalLM(nn.Module):
     def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | Argmaxes | None:
         """Logits of final-normed hidden rows (soft-capped where the family caps them);
         under tensor parallelism rank 0 gets all of them and the other ranks None. With
-        `ctx.argmax_only`, their argmaxes where the int8 head's AMX kernel takes the rows."""
+        `ctx.argmax_only`, their argmaxes where an int8 head's tile kernel takes the rows."""
         logits = None
         if (ctx.argmax_only and self.lm_head_q8 is not None and self.tp is None
                 and not self.cfg.final_logit_softcapping):

@@ -397,6 +397,51 @@ def test_argmax_declines_where_no_tile_kernel_takes_the_rows():
         assert t.argmax(x[:q8.PROMPT_AMX_ROWS], "amx") is not None
 
 
+@vnni
+def test_a_weight_with_its_own_vnni_limit_takes_q8_vnni_up_to_it():
+    """`vnni_limit` (an LM head's: `head_vnni_rows()`) moves where a tiled weight leaves
+    q8_vnni: up to it the sums and argmaxes are q8_vnni's bit for bit, past it the default
+    kernel's; a decode step may grow with drafts only within the kernel its rows take."""
+    w = random_weight(64, 64, 1)
+    w.vnni_limit = limit = q8.vnni_rows() + 4
+    w = w.to_tiles()  # the tiles keep it
+    assert w.vnni_limit == limit
+    for m in (q8.vnni_rows() + 1, limit):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        assert w.takes(x) and torch.equal(w.matmul(x), w.matmul(x, kernel="vnni"))
+        assert torch.equal(w.argmax(x), w.matmul(x, kernel="vnni").argmax(-1))
+        assert q8.same_kernel_rows(m, True, limit) == limit
+    x = torch.randn(limit + 1, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    past = q8.tile_kernel(limit + 1)
+    assert past != "vnni" and q8.same_kernel_rows(limit + 1, True, limit) == 1 << 62
+    if past is not None:
+        assert torch.equal(w.matmul(x), w.matmul(x, kernel=past))
+
+
+@pytest.mark.skipif(q8.tile_kernel(1) is None, reason="no tile kernel (or no compiler) here")
+def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
+    """A model's tiled int8 head gets `head_vnni_rows()` (past `vnni_rows()` where the rows
+    past it would go to q8_dpbf16), and drafts may grow a step only within both limits."""
+    from conftest import HYBRID, write_tiny_gemma3
+
+    from swaserve.engine.engine import Engine
+
+    write_tiny_gemma3(tmp_path, HYBRID, seed=3)
+    eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256)
+    head = eng.model.embed.float()
+    scales = head.view(128, 1, 32).abs().amax(-1) / 127
+    eng.model.use_q8({"lm_head": q8.Q8Weight(torch.round(head / scales).to(torch.int8),
+                                             scales).to_tiles()})
+    limit = q8.head_vnni_rows()
+    assert eng.model.lm_head_q8.vnni_limit == limit and limit >= q8.vnni_rows()
+    assert eng.model.same_numerics_rows(1) == limit
+    if not q8.amx_available() and q8.dpbf16_available():
+        assert limit == max(q8.HEAD_VNNI_ROWS, q8.vnni_rows())
+    else:
+        assert limit == q8.vnni_rows()
+    assert eng.model.same_numerics_rows(limit + 1) == 1 << 62
+
+
 @pytest.mark.skipif(q8.tile_kernel(1) is None, reason="no tile kernel (or no compiler) here")
 def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, monkeypatch):
     """A bf16 engine with an int8 LM head: a batch of plain greedy rows (one row up to nine,

@@ -14,7 +14,8 @@ without a compiler the bf16 path is used). Two layouts:
   of 16 outputs x 32 inputs in the pair-interleaved order of an AMX tile. Tiles of Q5_0
   and Q4_K values are also kept packed in 5 and 4 bits (`_pack`), which q8_vnni reads
   instead (a batch-1 step waits on the bytes it reads; the same bits come out). Up to
-  VNNI_ROWS rows (`vnni_rows()` on CPUs without AMX) `q8_vnni` writes each row of
+  VNNI_ROWS rows (`vnni_rows()` on CPUs without AMX; an LM head, streamed from memory
+  whatever the rows, to `head_vnni_rows()`) `q8_vnni` writes each row of
   activations as int16 with a power of two per 32 inputs and multiplies the int8 values
   themselves (VPDPWSSD, exact integer sums per group, scales and offsets applied in
   float32): the file's exact weights, ~1e-5 from a float64 product where the bf16 copy's
@@ -50,6 +51,12 @@ VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 # VNNI_SPLIT_ROWS (on AMD Zen 5, against bf16: the LM head at 8 rows 8.3 ms against 16.2,
 # at 16 14.8 against 19-26; benchmarks/README.md, sessions 16 and 17)
 VNNI_SPLIT_ROWS = 16
+# an LM head, whose 168 MB a step streams from memory whatever its rows, stays on q8_vnni
+# up to HEAD_VNNI_ROWS rows where q8_dpbf16 takes the rows past VNNI_CHUNK (the layers'
+# weights, a few MB each, are faster on q8_dpbf16 from there). AMD Zen 5, the head's
+# argmaxes at 10 / 12 / 16 rows: q8_vnni 6.6 / 7.8 / 9.8 ms, q8_dpbf16 8.8 / 9.6 / 11.7;
+# at 20 rows 12.5 and 12.7 (benchmarks/README.md, session 22)
+HEAD_VNNI_ROWS = 16
 VNNI_CHUNK = build.constants()["Q8_VNNI_CHUNK"]  # rows one q8_vnni pass keeps in registers
 TILE_N = 16  # outputs in one AMX tile
 _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
@@ -120,12 +127,14 @@ def dpbf16_available() -> bool:
     return _dpbf16_ok
 
 
-def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False) -> str | None:
+def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False,
+                vnni_limit: int | None = None) -> str | None:
     """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" for a prompt
     chunk up to PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them;
-    without one, q8_vnni up to `vnni_rows()`, else q8_amx, else (no AMX) q8_dpbf16. None
-    when none does."""
-    vnni = (kernel is not None or m <= vnni_rows()) and vnni_available()
+    without one, q8_vnni up to `vnni_limit` rows (default `vnni_rows()`), else q8_amx,
+    else (no AMX) q8_dpbf16. None when none does."""
+    limit = vnni_rows() if vnni_limit is None else vnni_limit
+    vnni = (kernel is not None or m <= limit) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
         ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16_available()}
@@ -143,13 +152,23 @@ def vnni_rows() -> int:
     return VNNI_CHUNK if dpbf16_available() else VNNI_SPLIT_ROWS
 
 
-def same_kernel_rows(m: int, tiled: bool = True) -> int:
+def head_vnni_rows() -> int:
+    """The most rows an LM head takes to q8_vnni here: HEAD_VNNI_ROWS where q8_dpbf16
+    would take the rows past `vnni_rows()`, `vnni_rows()` elsewhere (with AMX, q8_amx)."""
+    if not amx_available() and dpbf16_available():
+        return max(HEAD_VNNI_ROWS, vnni_rows())
+    return vnni_rows()
+
+
+def same_kernel_rows(m: int, tiled: bool = True, vnni_limit: int | None = None) -> int:
     """The most rows a decode step of m rows may grow to and still take the kernel m rows
-    take: rows do not depend on their batch within one kernel, but two kernels round
-    differently."""
+    take (for a weight with its own `vnni_limit`): rows do not depend on their batch
+    within one kernel, but two kernels round differently."""
     unbounded = 1 << 62
     if tiled:
-        return vnni_rows() if tile_kernel(m) == "vnni" else unbounded
+        if tile_kernel(m, vnni_limit=vnni_limit) != "vnni":
+            return unbounded
+        return vnni_rows() if vnni_limit is None else vnni_limit
     return FAST_ROWS if m <= FAST_ROWS else unbounded
 
 
@@ -178,6 +197,9 @@ class Q8Weight:
         self.group = group
         self.tiled = False
         self.packed: tuple[torch.Tensor, int] | None = None  # (bytes, flag): see `to_tiles`
+        # the most rows the tiles take to q8_vnni (None: `vnni_rows()`; an LM head's:
+        # `head_vnni_rows()`, set by the model)
+        self.vnni_limit: int | None = None
 
     @property
     def plain(self) -> bool:
@@ -267,7 +289,7 @@ class Q8Weight:
         half = t.scales.to(torch.float16)
         if torch.equal(half.float(), t.scales):  # Q8_0, Q5_0: float16 in the file
             t.scales = half
-        t.shape, t.group, t.tiled = self.shape, self.group, True
+        t.shape, t.group, t.tiled, t.vnni_limit = self.shape, self.group, True, self.vnni_limit
         t.packed = t._pack()
         return t
 
@@ -339,7 +361,8 @@ class Q8Weight:
         """Whether `matmul` runs x here at least as fast as the bf16 copy would (with
         `kernel`, "vnni" or "amx": whether that kernel takes x)."""
         if self.tiled:
-            return x.dtype == torch.bfloat16 and tile_kernel(x.shape[0], kernel) is not None
+            return (x.dtype == torch.bfloat16
+                    and tile_kernel(x.shape[0], kernel, vnni_limit=self.vnni_limit) is not None)
         return x.shape[0] <= FAST_ROWS and self.plain
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None,
@@ -361,7 +384,7 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            kernel = tile_kernel(x.shape[0], kernel, any_rows=True)
+            kernel = tile_kernel(x.shape[0], kernel, any_rows=True, vnni_limit=self.vnni_limit)
             fn = TILE_ENTRIES[kernel]() if kernel is not None else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)
@@ -381,7 +404,8 @@ class Q8Weight:
                 or not self.takes(x, kernel)):
             return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        entry = TILE_ENTRIES[tile_kernel(x.shape[0], kernel, any_rows=True)]
+        entry = TILE_ENTRIES[tile_kernel(x.shape[0], kernel, any_rows=True,
+                                         vnni_limit=self.vnni_limit)]
         return self._run_tiles(entry(), x, tokens, _ARGMAX_OUT)
 
     def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:

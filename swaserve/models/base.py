@@ -16,7 +16,7 @@ from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
-from swaserve.kernels.q8 import Q8Weight, same_kernel_rows
+from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import Argmaxes, ForwardContext
 from swaserve.models.fused_decode import FusedDecode
@@ -101,7 +101,7 @@ class CausalLM(nn.Module):
         # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
         # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
-        self._q8_tilings: frozenset[bool] | None = None  # of the int8 weights (same_numerics_rows)
+        self._q8_tilings: frozenset[tuple[bool, int | None]] | None = None  # same_numerics_rows
         self._logits_out: torch.Tensor | None = None  # its reused output (`forward`)
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
@@ -145,6 +145,8 @@ class CausalLM(nn.Module):
         head = q8.get("lm_head")
         if fits(head, self.embed if self.lm_head is None else self.lm_head):
             self.lm_head_q8 = head
+            if head.tiled:
+                head.vnni_limit = head_vnni_rows()
         for i, layer in enumerate(self.layers):
             for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")
@@ -158,8 +160,9 @@ class CausalLM(nn.Module):
             weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
             if self.lm_head_q8 is not None:
                 weights.append(self.lm_head_q8)
-            self._q8_tilings = frozenset(w.tiled for w in weights)
-        return min((same_kernel_rows(m, t) for t in self._q8_tilings), default=1 << 62)
+            self._q8_tilings = frozenset((w.tiled, w.vnni_limit) for w in weights)
+        return min((same_kernel_rows(m, t, limit) for t, limit in self._q8_tilings),
+                   default=1 << 62)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         n = self.lm_head_q8.shape[0]

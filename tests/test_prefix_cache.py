@@ -180,18 +180,20 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
 
 @pytest.mark.parametrize("chunk", [12, 64])
 def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk):
-    """With int8 weights, steps with prompt rows multiply on one kernel up to
-    PROMPT_AMX_ROWS rows (ForwardContext.q8_kernel), though pure decode steps of few rows
-    take another: a hit's 4-row tail gives the bits of the cold run's chunk holding those
-    rows (12 rows, or the whole 36-token prompt in one chunk)."""
+    """With int8 weights, steps with prompt rows multiply on one kernel (q8_amx, or
+    without AMX q8_dpbf16) up to its PROMPT_*_ROWS rows (ForwardContext.q8_kernel), though
+    pure decode steps of few rows take another (q8_vnni): a hit's 4-row tail gives the
+    bits of the cold run's chunk holding those rows (12 rows, or the whole 36-token prompt
+    in one chunk)."""
     from swaserve.kernels import q8
 
-    if not (q8.amx_available() and q8.vnni_available()):
-        pytest.skip("needs both int8 tile kernels")
+    kernel = q8.prompt_kernel()
+    if q8.tile_kernel(chunk, kernel) is None or not q8.vnni_available():
+        pytest.skip("needs q8_vnni and a prompt step's int8 tile kernel")
     path, _ = tiny_hybrid
     base = random_prompt(5 * W + 3, seed=80)
     other = base[:4 * W] + random_prompt(4, seed=81)
-    assert chunk <= q8.PROMPT_AMX_ROWS  # every prompt step on q8_amx
+    assert chunk <= min(q8.PROMPT_AMX_ROWS, q8.PROMPT_DPBF16_ROWS)  # every prompt step on it
     runs = []
     for cache in (True, False):
         eng = engine(path, dtype="bfloat16", prefix_cache=cache, chunk_size=chunk)

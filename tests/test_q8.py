@@ -387,6 +387,23 @@ def test_tile_argmax_is_the_argmax_of_its_sums(kernel, m, n):
     assert w.argmax(x, kernel) is None
 
 
+def test_a_prompt_step_takes_one_row_invariant_kernel_up_to_its_rows():
+    """Steps with prompt rows multiply on q8_amx, or without AMX on q8_dpbf16 (each row's
+    sums its own whatever the call), up to that kernel's PROMPT_*_ROWS rows; past them in
+    bf16 (the weight declines), while `matmul` itself takes any rows."""
+    kernel = q8.prompt_kernel()
+    assert kernel == ("amx" if q8.amx_available() or not q8.dpbf16_available() else "dpbf16")
+    if q8.tile_kernel(1, kernel) is None:
+        pytest.skip("no prompt step's tile kernel here")
+    limit = q8.PROMPT_AMX_ROWS if kernel == "amx" else q8.PROMPT_DPBF16_ROWS
+    t = random_weight(32, 64, 2).to_tiles()
+    x = torch.randn(limit + 1, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    assert t.takes(x[:limit], kernel) and not t.takes(x, kernel)
+    assert q8.tile_kernel(limit + 1, kernel, any_rows=True) == kernel
+    alone = t.matmul(x[:3], kernel=kernel)
+    assert torch.equal(t.matmul(x[:limit], kernel=kernel)[:3], alone)  # rows are their own
+
+
 def test_argmax_declines_where_no_tile_kernel_takes_the_rows():
     w = random_weight(64, 64, 0)  # rows layout: not the tiles' kernels
     assert w.argmax(torch.zeros(8, 64, dtype=torch.bfloat16)) is None

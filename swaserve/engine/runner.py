@@ -20,6 +20,7 @@ from swaserve.distributed.group import GroupBroken, TPGroup
 from swaserve.distributed.shard import local_config, sharded_weights
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
+from swaserve.kernels import q8
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
@@ -155,7 +156,7 @@ class ModelRunner:
         ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
                              self._t(logit_rows), window_write,
                              INVARIANT_ROW_BLOCK if self.batch_invariant else None,
-                             "amx" if prefills else None)
+                             q8.prompt_kernel() if prefills else None)
         scored = self._score_rows(order, ctx)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, scored, fill)

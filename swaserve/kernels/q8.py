@@ -23,8 +23,9 @@ without a compiler the bf16 path is used). Two layouts:
   which widens a block to bf16 (q * scale - offset, rounded once: the very values of the
   bf16 copy) and multiplies it on the tile unit, for any number of rows. On CPUs without
   AMX, `q8_dpbf16` multiplies the same widened tiles with AVX-512 BF16 dot products
-  (VDPBF16PS: AMD Zen 4 and 5), any number of rows, for decode steps past q8_vnni's;
-  prompt chunks there stay in bf16 (no faster on it from 64 rows on). What each costs,
+  (VDPBF16PS: AMD Zen 4 and 5), any number of rows, for decode steps past q8_vnni's and
+  prompt chunks up to PROMPT_DPBF16_ROWS (a row's sums do not depend on the others of the
+  call, and from int8 it is 4-14 % faster than bf16 there). What each costs,
   and why the row limits are where they are: benchmarks/README.md (sessions 3, 5, 7, 16).
 """
 
@@ -45,6 +46,11 @@ FAST_ROWS = 4  # up to this many rows q8_matvec beats bf16 (benchmarks/README.md
 # above: whole prefills of 64 / 128 / 256 tokens ran 17-23 / 6-12 / 3-14 % faster on it
 # than in bf16, 384-512 tokens 5-15 % slower (benchmarks/README.md, session 13)
 PROMPT_AMX_ROWS = 256
+# Without AMX a step with prompt rows (kernel "dpbf16") goes to q8_dpbf16 up to
+# PROMPT_DPBF16_ROWS rows and to bf16 above: on AMD Zen 5, a prefill's 72 products from
+# int8 (18 layers' weights in turn) at 128 / 512 / 1,024 / 2,048 rows ran 31 / 116 / 239 /
+# 494 ms against bf16's 36 / 121-134 / 241 / 486 (benchmarks/README.md, session 22)
+PROMPT_DPBF16_ROWS = 512
 VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
 # without AMX, q8_vnni takes decode steps up to the rows one pass keeps in registers and
 # q8_dpbf16 those past them; without AVX-512 BF16 either, q8_vnni goes on to
@@ -129,19 +135,28 @@ def dpbf16_available() -> bool:
 
 def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False,
                 vnni_limit: int | None = None) -> str | None:
-    """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" for a prompt
-    chunk up to PROMPT_AMX_ROWS, any m with `any_rows`) if it is here and takes them;
+    """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" and "dpbf16"
+    for a prompt chunk up to PROMPT_AMX_ROWS / PROMPT_DPBF16_ROWS, any m with `any_rows`)
+    if it is here and takes them;
     without one, q8_vnni up to `vnni_limit` rows (default `vnni_rows()`), else q8_amx,
     else (no AMX) q8_dpbf16. None when none does."""
     limit = vnni_rows() if vnni_limit is None else vnni_limit
     vnni = (kernel is not None or m <= limit) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
     if kernel is not None:
-        ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16_available()}
+        dpbf16 = (m <= PROMPT_DPBF16_ROWS or any_rows) and dpbf16_available()
+        ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16}
         return kernel if ok[kernel] else None
     if vnni or amx:
         return "vnni" if vnni else "amx"
     return "dpbf16" if dpbf16_available() else None
+
+
+def prompt_kernel() -> str:
+    """The tile kernel of a step with prompt rows: one whose rows do not depend on the
+    others of the call (a prefix hit recomputes a short tail of what a cold run did in one
+    chunk), q8_amx where it is here, else q8_dpbf16 (each to its PROMPT_*_ROWS)."""
+    return "amx" if amx_available() or not dpbf16_available() else "dpbf16"
 
 
 def vnni_rows() -> int:

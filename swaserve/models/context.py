@@ -81,8 +81,9 @@ class ForwardContext:
     # batch-invariant mode: matmuls in blocks of at most this many rows (layers.linear)
     row_block: int | None = None
     # the int8 kernel (Q8Weight.matmul): None picks by row count (pure decode steps);
-    # "amx" for steps with prompt rows, so that a prompt's rows multiply the same way in
-    # any chunk (a prefix hit recomputes a short tail of what a cold run did in one chunk)
+    # q8.prompt_kernel() ("amx", without AMX "dpbf16") for steps with prompt rows, so that
+    # a prompt's rows multiply the same way in any chunk (a prefix hit recomputes a short
+    # tail of what a cold run did in one chunk)
     q8_kernel: str | None = None
     score: PromptScore | None = None  # prompt rows whose logprobs are asked for
     # every sampled row is plain greedy (no edits, no logprobs), one row per logits row:

@@ -137,9 +137,8 @@ def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False,
                 vnni_limit: int | None = None) -> str | None:
     """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" and "dpbf16"
     for a prompt chunk up to PROMPT_AMX_ROWS / PROMPT_DPBF16_ROWS, any m with `any_rows`)
-    if it is here and takes them;
-    without one, q8_vnni up to `vnni_limit` rows (default `vnni_rows()`), else q8_amx,
-    else (no AMX) q8_dpbf16. None when none does."""
+    if it is here and takes them; without one, q8_vnni up to `vnni_limit` rows (default
+    `vnni_rows()`), else q8_amx, else (no AMX) q8_dpbf16. None when none does."""
     limit = vnni_rows() if vnni_limit is None else vnni_limit
     vnni = (kernel is not None or m <= limit) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
@@ -374,7 +373,7 @@ class Q8Weight:
 
     def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
         """Whether `matmul` runs x here at least as fast as the bf16 copy would (with
-        `kernel`, "vnni" or "amx": whether that kernel takes x)."""
+        `kernel`, "vnni", "amx" or "dpbf16": whether that kernel takes x)."""
         if self.tiled:
             return (x.dtype == torch.bfloat16
                     and tile_kernel(x.shape[0], kernel, vnni_limit=self.vnni_limit) is not None)

@@ -435,7 +435,7 @@ def test_a_weight_with_its_own_vnni_limit_takes_q8_vnni_up_to_it():
         assert torch.equal(w.matmul(x), w.matmul(x, kernel=past))
 
 
-@pytest.mark.skipif(q8.tile_kernel(1) is None, reason="no tile kernel (or no compiler) here")
+@vnni
 def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
     """A model's tiled int8 head gets `head_vnni_rows()` (past `vnni_rows()` where the rows
     past it would go to q8_dpbf16), and drafts may grow a step only within both limits."""

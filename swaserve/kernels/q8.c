@@ -124,11 +124,11 @@ int q8_matvec(const float *x, const int8_t *q, const float *d, float *y, int64_t
     return 0;
 }
 
-#ifdef __AVX512F__
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVX512BF16__)
 /* Q8_ARGMAX_OUT, shared by the tile kernels: instead of writing its sums, each job folds
  * every 16 outputs of a row into that row's lane-wise largest sum so far and its column
  * ([m][16] each, from argmax_alloc). A job takes its columns in increasing order, so a
- * strictly greater sum keeps the first column of a tie; argmax_reduce then takes the
+ * strictly greater sum keeps the first column of a tie; argmax_finish then takes the
  * largest over the jobs' lanes. A NaN sum is reported (the caller computes the logits
  * instead: NaN orders like nothing here). */
 #include <math.h>
@@ -155,10 +155,10 @@ static inline int argmax_fold(float *bv, int32_t *bi, __m512 v, int64_t col) {
     return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
 }
 
-/* tokens [m]: the largest of every job's lanes, a tie to the first column */
-static void argmax_reduce(const float *best, const int32_t *at, int njobs, int64_t m,
-                          int64_t *tokens) {
-    for (int64_t i = 0; i < m; i++) {
+/* the call's end: with no job failed (rc 0) and lanes allocated, tokens y [m] are the
+ * largest of every job's lanes, a tie to the first column; frees the lanes, returns rc */
+static int argmax_finish(int rc, float *best, int32_t *at, int njobs, int64_t m, void *y) {
+    for (int64_t i = 0; rc == 0 && best && i < m; i++) {
         float v = -INFINITY;
         int64_t c = INT64_MAX;
         for (int64_t l = 0; l < (int64_t)njobs * 16; l++) {
@@ -168,8 +168,11 @@ static void argmax_reduce(const float *best, const int32_t *at, int njobs, int64
                 c = at[e];
             }
         }
-        tokens[i] = c == INT64_MAX ? 0 : c;  /* every sum -inf: the first, as argmax */
+        ((int64_t *)y)[i] = c == INT64_MAX ? 0 : c;  /* every sum -inf: the first, as argmax */
     }
+    free(best);
+    free(at);
+    return rc;
 }
 #endif
 
@@ -405,10 +408,7 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
     int rc = 0;
     for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
-    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
-    free(best);
-    free(at);
-    return rc;
+    return argmax_finish(rc, best, at, njobs, m, y);
 }
 #else
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
@@ -683,11 +683,8 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     int rc = 0;
     for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
-    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
-    free(best);
-    free(at);
     free(xp);
-    return rc;
+    return argmax_finish(rc, best, at, njobs, m, y);
 }
 #else
 int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
@@ -815,10 +812,7 @@ int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *
     int rc = 0;
     for (int t = 0; t < njobs; t++)
         if (jobs[t].rc) rc = jobs[t].rc;
-    if (argmax && rc == 0) argmax_reduce(best, at, njobs, m, (int64_t *)y);
-    free(best);
-    free(at);
-    return rc;
+    return argmax_finish(rc, best, at, njobs, m, y);
 }
 #else
 int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,

@@ -379,3 +379,15 @@ def test_core_seconds_count_another_process_as_others_and_this_one_not():
     assert idle1 >= idle0
     # /proc/stat samples ticks: a share of the child's time, and far less than its and ours
     assert 0.7 * child <= others1 - others0 <= child + 0.3
+
+
+def test_core_counters_in_a_format_it_does_not_know_read_as_none(monkeypatch):
+    """/proc/stat cut short or with a field that is not a number: no counters (the governor
+    then goes on from the switches), not an exception out of the engine's step."""
+    import io
+
+    assert threads.core_seconds() is None or len(threads.core_seconds()) == 2
+    for text in ("cpu  1 2 3\n", "cpu  1 2 3 x 5 6 7 8\n"):
+        monkeypatch.setattr(threads, "open", lambda *a, text=text, **k: io.StringIO(text),
+                            raising=False)
+        assert threads.core_seconds() is None

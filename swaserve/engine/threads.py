@@ -127,16 +127,16 @@ def core_seconds() -> tuple[float, float] | None:
     try:
         with open("/proc/stat") as f:
             lines = [line.split() for line in f if line.startswith("cpu")]
-    except OSError:
-        return None
-    mine = {f"cpu{i}" for i in getattr(os, "sched_getaffinity", lambda _: ())(0)}
-    rows = [fields for fields in lines if fields[0] in mine] or lines[:1]
-    if not rows:
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    idle = sum(int(f[4]) + int(f[5]) for f in rows) / tick
-    total = sum(sum(int(x) for x in f[1:9]) for f in rows) / tick
+        mine = {f"cpu{i}" for i in getattr(os, "sched_getaffinity", lambda _: ())(0)}
+        rows = [fields for fields in lines if fields[0] in mine] or lines[:1]
+        if not rows:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        idle = sum(int(f[4]) + int(f[5]) for f in rows) / tick
+        total = sum(sum(int(x) for x in f[1:9]) for f in rows) / tick
+    except (OSError, ValueError, IndexError):  # unreadable or a format it does not know:
+        return None  # the governor goes on without counters (every step calls this)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return idle, total - idle - usage.ru_utime - usage.ru_stime
 

@@ -51,7 +51,11 @@ PROMPT_AMX_ROWS = 256
 # int8 (18 layers' weights in turn) at 128 / 512 / 1,024 / 2,048 rows ran 31 / 116 / 239 /
 # 494 ms against bf16's 36 / 121-134 / 241 / 486 (benchmarks/README.md, session 22)
 PROMPT_DPBF16_ROWS = 512
-VNNI_ROWS = 6  # up to this many rows q8_vnni beats q8_amx in a decode step
+# with AMX, q8_vnni takes decode steps up to VNNI_ROWS rows (one pass) and q8_amx those
+# past them: on a Xeon with AMX, steps at 7 / 8 rows (layers and head) ran 15.1 / 16.1 ms
+# against 16.7 / 16.8 with the limit at 6, and 10 rows on q8_vnni (two passes) 23 against
+# 18.7 (benchmarks/README.md, sessions 5 and 23)
+VNNI_ROWS = 8
 # without AMX, q8_vnni takes decode steps up to the rows one pass keeps in registers and
 # q8_dpbf16 those past them; without AVX-512 BF16 either, q8_vnni goes on to
 # VNNI_SPLIT_ROWS (on AMD Zen 5, against bf16: the LM head at 8 rows 8.3 ms against 16.2,

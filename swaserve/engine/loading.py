@@ -55,7 +55,8 @@ def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
         # for every row count; the int8 copies are of whole weights, not a rank's slices
         fast = {name: w.for_activations(dtype)
                 for name, w in load_q8_weights(source, cfg.num_layers).items()}
-        model.use_q8({name: w for name, w in fast.items() if w is not None})
+        model.use_q8({name: w for name, w in fast.items() if w is not None},
+                     head_screen=config.head_screen)
     return LoadedModel(source, cfg, max_model_len, tokenizer, model)
 
 

@@ -311,6 +311,32 @@ class Q8Weight:
         t.packed = t._pack()
         return t
 
+    def take(self, outputs: torch.Tensor) -> Q8Weight:
+        """The tiled weight of `outputs` (int64 indices, a multiple of 16 of them), in that
+        order, each with its values and scales as they are here: a tile kernel gives each
+        output the very sums it gives here (an output's sums do not depend on its tile's
+        other outputs)."""
+        if not self.tiled or outputs.dim() != 1 or outputs.numel() % TILE_N:
+            raise ValueError("Q8Weight.take: a tiled weight and a multiple of "
+                             f"{TILE_N} outputs")
+        blk, lane = outputs // TILE_N, outputs % TILE_N
+
+        def pick(g: torch.Tensor | None) -> torch.Tensor | None:
+            """[N/16, ..., 16] (an output's lane last) -> the outputs' [len/16, ..., 16]"""
+            if g is None:
+                return None
+            rest = g.shape[1:-1]
+            picked = g.view(g.shape[0], -1, TILE_N)[blk, :, lane]  # [outputs, prod(rest)]
+            return picked.view(-1, TILE_N, *rest).movedim(1, -1).contiguous()
+
+        t = Q8Weight.__new__(Q8Weight)
+        # an output's pair of values in a tile row as one int16
+        t.q = pick(self.q.view(torch.int16).squeeze(-1)).unsqueeze(-1).view(torch.int8)
+        t.scales, t.offsets = pick(self.scales), pick(self.offsets)
+        t.shape, t.group, t.tiled = (outputs.numel(), self.shape[1]), self.group, True
+        t.vnni_limit, t.packed = self.vnni_limit, None
+        return t
+
     def _pack(self) -> tuple[torch.Tensor, int] | None:
         """The tiles' values in as many bits as the file has, for q8_vnni (whose few rows
         wait on the bytes they read; q8_amx reads the int8 tiles): Q4_K's q in 0..15 as

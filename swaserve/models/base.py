@@ -17,6 +17,7 @@ from torch import nn
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
+from swaserve.kernels.screen import HeadScreen
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import Argmaxes, ForwardContext
 from swaserve.models.fused_decode import FusedDecode
@@ -101,6 +102,8 @@ class CausalLM(nn.Module):
         # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
         # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
+        # its int8 screen for greedy steps (kernels/screen.py), set by `use_q8`
+        self.head_screen: HeadScreen | None = None
         self._q8_tilings: frozenset[tuple[bool, int | None]] | None = None  # same_numerics_rows
         self._logits_out: torch.Tensor | None = None  # its reused output (`forward`)
         self.scale = cfg.attn_scale
@@ -133,10 +136,11 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             layer.tp = group
 
-    def use_q8(self, q8: dict[str, Q8Weight]) -> None:
+    def use_q8(self, q8: dict[str, Q8Weight], head_screen: bool = True) -> None:
         """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
         "<i>.gate_up", "<i>.o", "<i>.down"; each is checked against its bf16 parameter's
-        shape."""
+        shape. With `head_screen`, greedy steps take the head's tokens through its screen
+        where one runs here."""
         def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
             return w is not None and p is not None and w.shape == tuple(p.shape)
 
@@ -147,6 +151,7 @@ class CausalLM(nn.Module):
             self.lm_head_q8 = head
             if head.tiled:
                 head.vnni_limit = head_vnni_rows()
+            self.head_screen = HeadScreen.for_head(head) if head_screen else None
         for i, layer in enumerate(self.layers):
             for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")
@@ -232,7 +237,11 @@ class CausalLM(nn.Module):
         logits = None
         if (ctx.argmax_only and self.lm_head_q8 is not None and self.tp is None
                 and not self.cfg.final_logit_softcapping):
-            tokens = self.lm_head_q8.argmax(x, ctx.q8_kernel)
+            tokens = None
+            if self.head_screen is not None and self.head_screen.takes(x, ctx.q8_kernel):
+                tokens = self.head_screen.argmax(x)
+            if tokens is None:
+                tokens = self.lm_head_q8.argmax(x, ctx.q8_kernel)
             if tokens is not None:
                 return Argmaxes(tokens, self.lm_head_q8.shape[0])
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):

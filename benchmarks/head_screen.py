@@ -1,0 +1,125 @@
+"""Greedy decode steps with the LM head's int8 screen on and off, alternating in one engine
+(bundled Gemma 3 270M, bf16): the median step at each batch size, the ratio, and whether
+both gave the same tokens. Then the head alone on the engine's own final hidden states:
+q8_dpbf16's argmaxes against the screen's (kernel and exact rescoring), and the rows'
+candidate counts.
+
+    python benchmarks/head_screen.py [--batches 17 32 64 128] [--steps 16] [--pairs 3]
+
+On a CPU where the screen does not run (AMX, or no AVX-512 VNNI and BF16) it says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from roofline import log, median_time  # noqa: E402
+
+
+def decode_steps(eng, batch: int, steps: int, prompt_len: int) -> tuple[float, list[list[int]]]:
+    """(the median of `steps` decode steps at `batch` rows, each row's tokens)."""
+    from swaserve.sampling.params import SamplingParams
+
+    reqs = []
+    for i in range(batch):
+        ids = [2] + [(7 * i + 13 * j) % 20000 + 300 for j in range(prompt_len - 1)]
+        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=steps + 2 * batch,
+                                                    ignore_eos=True))
+    while any(not r.output_token_ids for r in reqs):
+        eng.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+        assert eng.last_step.num_seqs == batch and eng.last_step.num_tokens == batch
+    tokens = [list(r.output_token_ids) for r in reqs]
+    for r in reqs:
+        eng.abort(r.request_id)
+    eng.settle()
+    for r in reqs:
+        eng.release(r.request_id)
+    return statistics.median(times), tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[17, 32, 64, 128])
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    args = ap.parse_args()
+
+    from swaserve.engine.engine import Engine
+
+    log("[head_screen] loading")
+    most = max(args.batches)
+    eng = Engine(dtype="bfloat16", prefix_cache=False, max_running_requests=most,
+                 kv_memory=f"{max(2, most * 31 // 1024 + 2)}GiB",
+                 max_model_len=args.prompt_len + args.steps + 2 * most + 40)
+    model = eng.model
+    screen = model.head_screen
+    if screen is None:
+        print("the LM head screen does not run here (it needs AVX-512 VNNI and BF16 without "
+              "AMX, and the int8 head)")
+        return
+    print(f"threads {torch.get_num_threads()}; decode steps, median of {args.steps} a run, "
+          f"{args.pairs} alternating pairs")
+    print("| batch | screen ms | whole head ms | ratio | same tokens |")
+    print("|---|---|---|---|---|")
+    for batch in args.batches:
+        on, off, same = [], [], True
+        for _ in range(args.pairs):
+            tokens = []
+            for use, times in ((screen, on), (None, off)):
+                model.head_screen = use
+                t, run_tokens = decode_steps(eng, batch, args.steps, args.prompt_len)
+                times.append(t)
+                tokens.append(run_tokens)
+            same &= tokens[0] == tokens[1]
+        model.head_screen = screen
+        a, b = statistics.median(on), statistics.median(off)
+        print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {same} |", flush=True)
+
+    head_alone(eng, screen, args.batches, args.prompt_len)
+
+
+def head_alone(eng, screen, batches: list[int], prompt_len: int) -> None:
+    """The head alone on final hidden states of this engine's decode steps: the screen
+    (kernel and rescoring) against q8_dpbf16's argmaxes, and each row's candidates."""
+    model = eng.model
+    caught: list[torch.Tensor] = []
+    head = model._head
+
+    def catch(x, ctx):
+        caught.append(x.detach().clone())
+        return head(x, ctx)
+
+    model._head = catch
+    log("[head_screen] collecting final hidden states")
+    decode_steps(eng, max(batches), 8, prompt_len)
+    del model._head
+    rows = torch.cat([x for x in caught if x.shape[0] == max(batches)])
+    print("\nthe head alone on the engine's final hidden states (ms, median of 5)")
+    print("| rows | screen | q8_dpbf16 argmax | ratio | candidates a row: median / max |")
+    print("|---|---|---|---|---|")
+    q8w = screen.head
+    for m in batches:
+        x = rows[:m].contiguous()
+        assert torch.equal(screen.argmax(x), q8w.argmax(x, "dpbf16"))
+        a = median_time(lambda x=x: screen.argmax(x), 5)
+        b = median_time(lambda x=x: q8w.argmax(x, "dpbf16"), 5)
+        counts = screen.candidates(x)[1].float()
+        print(f"| {m} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | "
+              f"{int(counts.median())} / {int(counts.max())} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

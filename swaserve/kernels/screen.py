@@ -1,0 +1,184 @@
+"""A greedy step's tokens from the LM head without all of its bf16 products: an int8 screen
+(kernels/screen.c) rules out every column that cannot be a row's argmax, and the few left
+are multiplied exactly, so each row gets the very token q8_dpbf16's argmax gives it.
+
+Where it runs: a CPU with AVX-512 VNNI and BF16 and no AMX (AMD Zen 4 and 5), for the head
+calls q8_dpbf16 would take (decode steps past the head's q8_vnni rows, prompt steps). The
+head is most of such a step (batch 32 on Zen 4: 34 of 63 ms), and VPDPBUSD gives twice
+VDPBF16PS's products an instruction.
+
+The screen's copy of the head: its bf16 values (those q8_dpbf16 multiplies) with the input
+channels ordered by how large they run in the head's inputs and cut into groups (16, 48,
+192, 384 of Gemma 3's 640: a few channels of the final hidden state run 5-10x larger than
+the rest, and one scale for all of them would make the bound 10x wider), each column's
+group in int8 with its own scale. The order comes from the first BUILD_ROWS rows the head
+is called with, and the copy is made then: its int8 size again in memory (168 MB for Gemma
+3), 0.7 s on 2 cores. Measured on 576 real rows, a row keeps a
+median of 3 of 262,144 columns (p90 28, max 216); a row with more than CAP goes to
+q8_dpbf16 alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from swaserve.kernels import build, q8
+from swaserve.kernels.q8 import Q8Weight
+
+log = logging.getLogger("swaserve")
+
+CAP = 512  # candidates a row may keep; past them it is multiplied whole
+# each group's share of the input channels, in fortieths (Gemma 3: 16, 48, 192, 384)
+GROUP_SHARES = (1, 3, 12, 24)
+# the rows from which the screen pays: Zen 4, real rows, against q8_dpbf16's argmaxes
+# (benchmarks/README.md, session 23)
+MIN_ROWS = 1
+# the rows whose channels order the copy: 17 real rows ordered them as well as 576 did, one
+# row kept 4x the candidates (each row's own extremes); calls before those rows are seen
+# multiply the head whole
+BUILD_ROWS = 16
+
+
+def _entry():
+    return build.function("screen", "head_screen")
+
+
+def _pack_entry():
+    return build.function("screen", "head_screen_pack")
+
+
+def available() -> bool:
+    """The screen runs here: its kernels build (AVX-512 VNNI and BF16), and q8_dpbf16, not
+    q8_amx, takes the head's larger calls."""
+    return not q8.amx_available() and q8.dpbf16_available() and _entry() is not None
+
+
+def group_edges(k: int) -> list[int] | None:
+    """The groups' first channels, then k: each group a multiple of 16 channels, at least
+    16, as many of GROUP_SHARES' groups as k holds; None when k is not a multiple of 32
+    (the tiles' blocks)."""
+    if k % 32:
+        return None
+    total = sum(GROUP_SHARES)
+    edges = [0]
+    for share in GROUP_SHARES[:-1]:
+        at = edges[-1] + max(16, k * share // total // 16 * 16)
+        if at >= k:
+            break
+        edges.append(at)
+    return edges + [k]
+
+
+class HeadScreen:
+    """The screen of one tiled int8 LM head (see the module docstring)."""
+
+    def __init__(self, head: Q8Weight):
+        self.head = head
+        self.edges = torch.tensor(group_edges(head.shape[1]), dtype=torch.int32)
+        self._copy: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._failed = False  # a build that failed is not tried again
+        # before the copy: each channel's largest |value| in the rows seen, and their count
+        self._seen = torch.zeros(head.shape[1])
+        self._rows_seen = 0
+        self.calls = 0  # argmax calls that gave tokens
+
+    @classmethod
+    def for_head(cls, head: Q8Weight | None) -> HeadScreen | None:
+        """A screen for `head` where one runs here: the kernels build, q8_dpbf16 and not
+        q8_amx takes the head's larger calls, and its shape can be screened."""
+        if (head is None or not head.tiled or head.shape[0] % 32
+                or group_edges(head.shape[1]) is None or not available()):
+            return None
+        return cls(head)
+
+    def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
+        """Whether the head's argmax of x would run on q8_dpbf16 (`kernel` as the model
+        passes it to Q8Weight.argmax), with rows enough for the screen to pay."""
+        return (x.dim() == 2 and x.dtype == torch.bfloat16 and x.shape[0] >= MIN_ROWS
+                and x.shape[1] == self.head.shape[1]
+                and q8.tile_kernel(x.shape[0], kernel, any_rows=True,
+                                   vnni_limit=self.head.vnni_limit) == "dpbf16")
+
+    @property
+    def built(self) -> bool:
+        return self._copy is not None
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """int64 [M]: each row's argmax of x @ W.T exactly as q8_dpbf16 gives it (its
+        float32 sums, ties to the first column); None where the caller should take it
+        from q8_dpbf16 itself (the copy is not made yet, a value of x or of W is not
+        finite, no memory)."""
+        x = x.contiguous()
+        found = self.candidates(x)
+        tokens = None if found is None else self._rescore(x, *found)
+        self.calls += tokens is not None
+        return tokens
+
+    def candidates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(columns [M, CAP] int32, count [M]: each row's first `count` columns are its
+        candidates; -1 for a row with more than CAP), or None as `argmax`."""
+        if self._copy is None:
+            if self._failed:
+                return None
+            self._seen = torch.maximum(self._seen, x.float().abs().amax(0))
+            self._rows_seen += x.shape[0]
+            if self._rows_seen < BUILD_ROWS or not self._build():
+                return None
+        perm, wq, stats = self._copy
+        m, (n, k) = x.shape[0], self.head.shape
+        cand = torch.empty(m, CAP, dtype=torch.int32)
+        count = torch.empty(m, dtype=torch.int64)
+        rc = _entry()(x.data_ptr(), perm.data_ptr(), self.edges.data_ptr(), len(self.edges) - 1,
+                      wq.data_ptr(), stats.data_ptr(), m, n, k, CAP, cand.data_ptr(),
+                      count.data_ptr(), torch.get_num_threads())
+        return (cand, count) if rc == 0 else None
+
+    def _rescore(self, x: torch.Tensor, cand: torch.Tensor, count: torch.Tensor
+                 ) -> torch.Tensor | None:
+        """Each row's best candidate by q8_dpbf16's own sums (of the candidates' columns
+        taken out of the head: the same sums), rows past CAP by q8_dpbf16 whole."""
+        kept = torch.arange(CAP)[None, :] < count[:, None]
+        union = torch.unique(cand[kept].long())  # sorted: a tie goes to the first column
+        tokens = torch.zeros(x.shape[0], dtype=torch.int64)
+        if union.numel():
+            pad = -union.numel() % q8.TILE_N
+            columns = torch.cat([union, union[-1:].expand(pad)])
+            sums = self.head.take(columns).matmul(x, kernel="dpbf16")
+            if sums is None:
+                return None
+            mine = torch.zeros_like(sums, dtype=torch.bool)
+            rows = kept.nonzero()[:, 0]
+            mine[rows, torch.searchsorted(union, cand[kept].long())] = True
+            tokens = union[sums.masked_fill(~mine, float("-inf")).argmax(1)]
+        over = (count < 0).nonzero()[:, 0]
+        if over.numel():
+            whole = self.head.argmax(x[over], "dpbf16")
+            if whole is None:
+                return None
+            tokens[over] = whole
+        return tokens
+
+    def _build(self) -> bool:
+        """The screen's copy of the head, its channels ordered by the largest |values| seen."""
+        t0 = time.perf_counter()
+        n, k = self.head.shape
+        perm = self._seen.argsort(descending=True).to(torch.int32).contiguous()
+        groups = len(self.edges) - 1
+        wq = torch.empty(n // 16, k // 4, 16, 4, dtype=torch.uint8)
+        stats = torch.empty(n // 16, groups, 2, 16, dtype=torch.float32)
+        offsets = 0 if self.head.offsets is None else self.head.offsets.data_ptr()
+        rc = _pack_entry()(self.head.q.data_ptr(), self.head.scales.data_ptr(), offsets,
+                           self.head.tile_flags, perm.data_ptr(), self.edges.data_ptr(),
+                           groups, n, k, wq.data_ptr(), stats.data_ptr(),
+                           torch.get_num_threads())
+        if rc != 0:
+            log.warning("LM head screen not built (%d): greedy steps multiply it whole", rc)
+            self._failed = True
+            return False
+        self._copy = (perm, wq, stats)
+        log.info("LM head screen built in %.2f s (%d MB)", time.perf_counter() - t0,
+                 (wq.numel() + stats.numel() * 4) >> 20)
+        return True

@@ -1,0 +1,204 @@
+"""The LM head's int8 screen (kernels/screen.py, screen.c): a greedy row's token from it is
+q8_dpbf16's argmax, bit for bit, whatever the rows: outlier channels, exact ties (the first
+column wins), crowds of near-ties, rows past the candidate cap, zero rows, and values that
+are not finite (then the caller's kernel decides)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swaserve.kernels import q8, screen
+
+pytestmark = pytest.mark.skipif(not screen.available(),
+                                reason="no AVX-512 VNNI and BF16 without AMX (or no compiler)")
+
+
+def random_head(n: int, k: int, seed: int, offsets: bool = False, group: int = 32):
+    """A tiled int8 head of random Q8_0-like columns (or Q4_K-like ones with offsets, or
+    Q6_K's groups of 16), its columns' scales spread over 30x like a real head's."""
+    g = torch.Generator().manual_seed(seed)
+    if offsets:
+        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int8)
+    else:
+        q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scales = (torch.rand(n, k // group, generator=g) * 29 + 1) * 1e-3
+    scales = scales.half().float()  # exact in float16, as a GGUF's are
+    offs = torch.rand(n, k // group, generator=g) * 0.01 if offsets else None
+    return q8.Q8Weight(q, scales, offs, group=group).to_tiles()
+
+
+def hidden_rows(m: int, k: int, seed: int, outliers: int = 8) -> torch.Tensor:
+    """bf16 rows with a few channels 5-20x larger than the rest, as a final hidden state's."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    big = torch.randperm(k, generator=g)[:outliers]
+    x[:, big] *= torch.rand(outliers, generator=g) * 15 + 5
+    return x.bfloat16()
+
+
+def built_screen(head, k: int) -> screen.HeadScreen:
+    s = screen.HeadScreen.for_head(head)
+    assert s is not None and not s.built
+    assert s.argmax(hidden_rows(screen.BUILD_ROWS, k, seed=99)) is not None and s.built
+    return s
+
+
+@pytest.mark.parametrize("offsets,group", [(False, 32), (True, 32), (False, 16)])
+def test_tokens_are_q8_dpbf16s_argmaxes(offsets, group):
+    n, k = 4096, 256
+    head = random_head(n, k, seed=1, offsets=offsets, group=group)
+    s = built_screen(head, k)
+    for m in (1, 5, 17, 40):
+        x = hidden_rows(m, k, seed=m)
+        want = head.argmax(x, "dpbf16")
+        assert torch.equal(s.argmax(x), want)
+        cand, count = s.candidates(x)
+        assert (count > 0).all() and count.float().median() < n / 16  # a screen
+        for i in range(m):
+            assert int(want[i]) in cand[i, :count[i]].tolist()
+
+
+def test_an_exact_tie_goes_to_the_first_column_and_near_ties_are_rescored():
+    """Columns copied from each row's winner (a tie: the first of them wins) and copies
+    one quantum off (near-ties the screen cannot tell apart): q8_dpbf16's token still."""
+    n, k = 2048, 256
+    head = random_head(n, k, seed=2)
+    x = hidden_rows(24, k, seed=3)
+    winners = head.argmax(x, "dpbf16").tolist()
+    q, scales, _ = head.rows()
+    q, scales = q.clone(), scales.clone()
+    g = torch.Generator().manual_seed(4)
+    free = [c for c in torch.randperm(n, generator=g).tolist() if c not in winners]
+    for i, w in enumerate(winners):
+        twin, *near = free[i * 6:(i + 1) * 6]
+        q[twin], scales[twin] = q[w], scales[w]  # the same sums exactly
+        for c in near:
+            q[c], scales[c] = q[w], scales[w]
+            j = int(torch.randint(k, (1,), generator=g))
+            q[c, j] = q[c, j] + (1 if q[c, j] < 127 else -1)
+    head = q8.Q8Weight(q, scales).to_tiles()
+    s = built_screen(head, k)
+    want = head.argmax(x, "dpbf16")
+    assert torch.equal(s.argmax(x), want)
+    sums = head.matmul(x, kernel="dpbf16")
+    for i in range(x.shape[0]):  # ties are real: the first of the equal columns was taken
+        best = sums[i].max()
+        assert int(want[i]) == int((sums[i] == best).nonzero()[0])
+
+
+def test_rows_past_the_cap_take_the_whole_head(monkeypatch):
+    n, k = 2048, 128
+    head = random_head(n, k, seed=5)
+    s = built_screen(head, k)
+    monkeypatch.setattr(screen, "CAP", 2)
+    x = hidden_rows(20, k, seed=6)
+    x[3] = 0  # every column ties at 0: all are candidates, the first wins
+    cand, count = s.candidates(x)
+    assert (count == -1).any() and (count > 0).any()
+    tokens = s.argmax(x)
+    assert torch.equal(tokens, head.argmax(x, "dpbf16")) and int(tokens[3]) == 0
+
+
+def test_nothing_before_its_rows_are_seen_and_not_finite_values_go_back():
+    n, k = 1024, 128
+    head = random_head(n, k, seed=7)
+    s = screen.HeadScreen.for_head(head)
+    half = hidden_rows(screen.BUILD_ROWS // 2, k, seed=8)
+    assert s.argmax(half) is None and not s.built
+    assert torch.equal(s.argmax(half), head.argmax(half, "dpbf16")) and s.built
+    x = hidden_rows(6, k, seed=9)
+    x[2, 5] = float("nan")
+    assert s.argmax(x) is None and head.argmax(x, "dpbf16") is None  # the logits path
+    x[2, 5] = float("inf")
+    assert s.argmax(x) is None
+
+
+def test_a_head_with_a_weight_that_is_not_finite_is_not_screened():
+    n, k = 1024, 128
+    q, scales, _ = random_head(n, k, seed=10).rows()
+    scales = scales.clone()
+    scales[77, 1] = float("inf")
+    s = screen.HeadScreen.for_head(q8.Q8Weight(q, scales).to_tiles())
+    x = hidden_rows(screen.BUILD_ROWS, k, seed=11)
+    assert s.argmax(x) is None and not s.built
+    assert s.argmax(x) is None and s._failed  # not tried again
+
+
+def test_group_edges():
+    assert screen.group_edges(640) == [0, 16, 64, 256, 640]
+    assert screen.group_edges(64) == [0, 16, 32, 48, 64]
+    assert screen.group_edges(32) == [0, 16, 32]
+    edges = screen.group_edges(2880)
+    assert edges[0] == 0 and edges[-1] == 2880 and all(e % 16 == 0 for e in edges)
+    assert all(a < b for a, b in zip(edges, edges[1:]))
+    assert screen.group_edges(48) is None and screen.group_edges(100) is None
+
+
+def test_the_screen_runs_only_where_q8_dpbf16_would():
+    head = random_head(1024, 128, seed=12)
+    head.vnni_limit = q8.head_vnni_rows()
+    s = screen.HeadScreen.for_head(head)
+    many = hidden_rows(head.vnni_limit + 1, 128, seed=13)
+    assert s.takes(many) and s.takes(many[:1], "dpbf16")  # a prompt step's rows
+    assert not s.takes(many[:head.vnni_limit])  # q8_vnni's rows: other sums
+    assert not s.takes(many.float())
+    assert screen.HeadScreen.for_head(random_head(1008, 128, seed=1)) is None  # n % 32
+
+
+def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
+    """A bf16 engine with an int8 head, 20 greedy rows (the head on q8_dpbf16): the screen
+    gives its steps' tokens, and they are those of the engine without it."""
+    from conftest import HYBRID, int8_copy, random_prompt, write_tiny_gemma3
+
+    from swaserve.engine.engine import Engine
+    from swaserve.sampling.params import SamplingParams
+
+    write_tiny_gemma3(tmp_path, HYBRID, seed=14)
+    prompts = [random_prompt(4 + i, i) for i in range(20)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for on in (True, False):
+        eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="64MiB",
+                     max_running_requests=20, max_model_len=64, prefix_cache=False)
+        eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)}, head_screen=on)
+        reqs = [eng.add_request(p, params)[0] for p in prompts]
+        while eng.has_unfinished():
+            eng.step()
+        outs[on] = [r.output_token_ids for r in reqs]
+        if on:
+            assert eng.model.head_screen.calls > 0
+        else:
+            assert eng.model.head_screen is None
+    assert outs[True] == outs[False]
+
+
+def test_the_bound_holds_where_rounding_errs_all_one_way():
+    """Every small input of each group just under a half step from its int8 value, so the
+    screen undervalues the column that sums them (A) by nearly the whole bound and
+    overvalues one that subtracts them (B): B screens above A, A is the argmax, and the
+    screen must still keep A (with SLACK at 0.3 instead of 0.52 it drops A)."""
+    k, n, a, b = 64, 64, 5, 9
+    sx = 1 / 8
+    x = torch.full((1, k), 2.46875 * sx)  # 79/32: exact in bf16, rounds to 2
+    x[0, ::16] = 127 * sx  # each group's largest input sets its scale
+    q = torch.zeros(n, k, dtype=torch.int8)
+    q[a] = 127
+    q[b] = -127
+    q[b, ::16] = 127
+    scales = torch.full((n, k // 32), 2.0 ** -10)
+    ratio = 163.90625 / 90.09375  # B's scale so that its sum is just under A's
+    scales[b] = torch.tensor(2.0 ** -10 * ratio * 0.995).half().float()
+    head = q8.Q8Weight(q, scales).to_tiles()
+    s = screen.HeadScreen.for_head(head)
+    seen = torch.arange(k, 0, -1, dtype=torch.float32).expand(screen.BUILD_ROWS, k)
+    assert s.argmax(seen.bfloat16().contiguous()) is not None  # groups: channels in order
+    assert torch.equal(s._copy[0], torch.arange(k, dtype=torch.int32))
+    x = x.bfloat16()
+    assert int(head.argmax(x, "dpbf16")[0]) == a
+    w = head.dequantize().double()
+    rounded = torch.round(x.double() / sx) * sx
+    assert float(rounded @ w[b]) > float(rounded @ w[a])  # the screen alone would pick B
+    cand, count = s.candidates(x)
+    assert a in cand[0, :count[0]].tolist()
+    assert int(s.argmax(x)[0]) == a

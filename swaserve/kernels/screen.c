@@ -31,6 +31,9 @@
 #define JOBS_PER_THREAD 8 /* a thread that loses its core leaves its jobs to others */
 #define SLACK 0.52f
 #define ABS_SLACK 1e-30f  /* the kernels flush values under 2^-126 to zero */
+/* |x| past this goes to the caller's kernel: below it no screen sum or bound overflows
+ * float32 (a GGUF's weights are under 2^26, 640 of them: 2^64 x 2^26 x 2^10 < 2^127) */
+#define X_LIMIT 0x1p64f
 #define SCREEN_ROWS 6     /* rows a pass keeps in registers: 6 x 2 int32 + 6 x 2 float sums */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
@@ -151,7 +154,7 @@ static int64_t candidates(const screen_job_t *j, int64_t i, float best, int64_t 
 }
 
 /* x's rows in screen order as int8 with a scale per group; 0, or -3 for a value that is
- * not finite (the caller's kernel decides what such a row gets) */
+ * not finite or past X_LIMIT (the caller's kernel decides what such a row gets) */
 static int quantize(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t G,
                     int64_t m, int64_t k, int8_t *xq, float *rs, int32_t *corr) {
     float *row = malloc((size_t)k * sizeof(float));
@@ -161,7 +164,7 @@ static int quantize(const uint16_t *x, const int32_t *perm, const int32_t *edges
         for (int64_t c = 0; c < k; c++) {
             const uint32_t bits = (uint32_t)x[i * k + perm[c]] << 16;
             memcpy(row + c, &bits, 4);
-            if (!isfinite(row[c])) rc = -3;
+            if (!(fabsf(row[c]) <= X_LIMIT)) rc = -3;
         }
         for (int64_t g = 0; g < G; g++) {
             float amax = 0.0f;
@@ -220,7 +223,9 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
             float best = -INFINITY;
             for (int64_t l = 0; l < (int64_t)njobs * 16; l++)
                 best = fmaxf(best, lower[(l / 16) * m * 16 + i * 16 + l % 16]);
-            count[i] = candidates(&jobs[0], i, best, cap, cand + i * cap);
+            /* none kept can only come of a sum that is not finite: the caller's kernel */
+            const int64_t c = isfinite(best) ? candidates(&jobs[0], i, best, cap, cand + i * cap) : -1;
+            count[i] = c == 0 ? -1 : c;
         }
     }
     free(xq);
@@ -278,19 +283,19 @@ int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flag
     if (n % 32 || k % 32 || ngroups < 1 || threads < 1) return -1;
     const int64_t nkb = k / 32, per = flags & Q8_HALVES ? 32 : 16;
     const int64_t ssize = flags & Q8_F16_SCALES ? 2 : 4;
-    int rc = 0;
+    int rc = 0; /* the most negative of the blocks' codes */
 #pragma omp parallel num_threads(threads)
     {
         float *w = malloc((size_t)16 * k * sizeof(float));
-        if (!w) rc = -1;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < n / 16; b++)
-            if (w && rc == 0) {
-                const int r = pack_block(pq + b * nkb * 512, (const char *)ps + b * nkb * per * ssize,
-                                         po ? po + b * nkb * per : 0, flags, perm, edges, ngroups,
-                                         k, w, wq + b * k * 16, stats + b * ngroups * 32);
-                if (r) rc = r;
-            }
+#pragma omp for schedule(static) reduction(min : rc)
+        for (int64_t b = 0; b < n / 16; b++) {
+            const int r = !w ? -1 : pack_block(pq + b * nkb * 512,
+                                               (const char *)ps + b * nkb * per * ssize,
+                                               po ? po + b * nkb * per : 0, flags, perm, edges,
+                                               ngroups, k, w, wq + b * k * 16,
+                                               stats + b * ngroups * 32);
+            if (r < rc) rc = r;
+        }
         free(w);
     }
     return rc;

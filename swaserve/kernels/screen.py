@@ -110,7 +110,7 @@ class HeadScreen:
         """int64 [M]: each row's argmax of x @ W.T exactly as q8_dpbf16 gives it (its
         float32 sums, ties to the first column); None where the caller should take it
         from q8_dpbf16 itself (the copy is not made yet, a value of x or of W is not
-        finite, no memory)."""
+        finite, |x| past 2^64, no memory)."""
         x = x.contiguous()
         found = self.candidates(x)
         tokens = None if found is None else self._rescore(x, *found)

@@ -144,6 +144,8 @@ def test_the_screen_runs_only_where_q8_dpbf16_would():
     assert s.takes(many) and s.takes(many[:1], "dpbf16")  # a prompt step's rows
     assert not s.takes(many[:head.vnni_limit])  # q8_vnni's rows: other sums
     assert not s.takes(many.float())
+    prompt_rows = hidden_rows(q8.PROMPT_DPBF16_ROWS + 1, 128, seed=14)
+    assert not s.takes(prompt_rows, "dpbf16")  # q8_dpbf16 takes no more: bf16 does
     assert screen.HeadScreen.for_head(random_head(1008, 128, seed=1)) is None  # n % 32
 
 

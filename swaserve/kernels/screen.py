@@ -33,9 +33,6 @@ log = logging.getLogger("swaserve")
 CAP = 512  # candidates a row may keep; past them it is multiplied whole
 # each group's share of the input channels, in fortieths (Gemma 3: 16, 48, 192, 384)
 GROUP_SHARES = (1, 3, 12, 24)
-# the rows from which the screen pays: Zen 4, real rows, against q8_dpbf16's argmaxes
-# (benchmarks/README.md, session 23)
-MIN_ROWS = 1
 # the rows whose channels order the copy: 17 real rows ordered them as well as 576 did, one
 # row kept 4x the candidates (each row's own extremes); calls before those rows are seen
 # multiply the head whole
@@ -95,10 +92,9 @@ class HeadScreen:
         return cls(head)
 
     def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
-        """Whether the head's argmax of x would run on q8_dpbf16 (`kernel` as the model
-        passes it to Q8Weight.argmax), with rows enough for the screen to pay."""
-        return (x.dim() == 2 and x.dtype == torch.bfloat16 and x.shape[0] >= MIN_ROWS
-                and x.shape[1] == self.head.shape[1]
+        """Whether `self.head.argmax(x, kernel)` would run on q8_dpbf16 (`kernel` as the
+        model passes it). The screen pays from one row (Zen 4: 7 ms against 10)."""
+        return (x.dim() == 2 and self.head.takes(x, kernel)
                 and q8.tile_kernel(x.shape[0], kernel, any_rows=True,
                                    vnni_limit=self.head.vnni_limit) == "dpbf16")
 

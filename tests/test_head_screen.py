@@ -126,6 +126,21 @@ def test_a_head_with_a_weight_that_is_not_finite_is_not_screened():
     assert s.argmax(x) is None and s._failed  # not tried again
 
 
+def test_a_copy_that_cannot_be_made_leaves_the_head_whole(monkeypatch):
+    n, k = 1024, 128
+    head = random_head(n, k, seed=15)
+    s = screen.HeadScreen.for_head(head)
+    with pytest.raises(ValueError, match="bf16"):
+        s.argmax(hidden_rows(4, k, seed=16).float())
+
+    def no_memory(*args, **kw):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory")
+
+    monkeypatch.setattr(screen.torch, "empty", no_memory)
+    x = hidden_rows(screen.BUILD_ROWS, k, seed=17)
+    assert s.argmax(x) is None and s._failed and not s.built
+
+
 def test_group_edges():
     assert screen.group_edges(640) == [0, 16, 64, 256, 640]
     assert screen.group_edges(64) == [0, 16, 32, 48, 64]

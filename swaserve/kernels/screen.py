@@ -9,13 +9,13 @@ VDPBF16PS's products an instruction.
 
 The screen's copy of the head: its bf16 values (those q8_dpbf16 multiplies) with the input
 channels ordered by how large they run in the head's inputs and cut into groups (16, 48,
-192, 384 of Gemma 3's 640: a few channels of the final hidden state run 5-10x larger than
-the rest, and one scale for all of them would make the bound 10x wider), each column's
-group in int8 with its own scale. The order comes from the first BUILD_ROWS rows the head
-is called with, and the copy is made then: its int8 size again in memory (168 MB for Gemma
-3), 0.7 s on 2 cores. Measured on 576 real rows, a row keeps a
-median of 3 of 262,144 columns (p90 28, max 216); a row with more than CAP goes to
-q8_dpbf16 alone.
+192, 384 of Gemma 3's 640), each column's group in int8 with its own scale, and each row's
+group with its own. Tens of channels of the final hidden state run 5-10x larger than the
+rest: with one scale a row, a row kept a median of 83 columns of 262,144 (p90 2,431); with
+the groups, 3 (p90 28, max 216), over 576 real rows. The order comes from the first
+BUILD_ROWS rows the head is called with, and the copy is made then: its int8 size again in
+memory (168 MB for Gemma 3), 0.7-0.9 s on 2 cores. A row with more than CAP candidates goes
+to q8_dpbf16 alone.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CAP = 512  # candidates a row may keep; past them it is multiplied whole
 # each group's share of the input channels, in fortieths (Gemma 3: 16, 48, 192, 384)
 GROUP_SHARES = (1, 3, 12, 24)
 # the rows whose channels order the copy: 17 real rows ordered them as well as 576 did, one
-# row kept 4x the candidates (each row's own extremes); calls before those rows are seen
+# row's order left 3x the candidates (its own extremes); calls before those rows are seen
 # multiply the head whole
 BUILD_ROWS = 16
 
@@ -115,7 +115,12 @@ class HeadScreen:
 
     def candidates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(columns [M, CAP] int32, count [M]: each row's first `count` columns are its
-        candidates; -1 for a row with more than CAP), or None as `argmax`."""
+        candidates; -1 for a row with more than CAP), or None as `argmax`. x: bf16 [M, K],
+        contiguous."""
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.head.shape[1]:
+            raise ValueError(f"HeadScreen: x must be bf16 [M, {self.head.shape[1]}], got "
+                             f"{x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
         if self._copy is None:
             if self._failed:
                 return None
@@ -163,8 +168,13 @@ class HeadScreen:
         n, k = self.head.shape
         perm = self._seen.argsort(descending=True).to(torch.int32).contiguous()
         groups = len(self.edges) - 1
-        wq = torch.empty(n // 16, k // 4, 16, 4, dtype=torch.uint8)
-        stats = torch.empty(n // 16, groups, 2, 16, dtype=torch.float32)
+        try:
+            wq = torch.empty(n // 16, k // 4, 16, 4, dtype=torch.uint8)
+            stats = torch.empty(n // 16, groups, 2, 16, dtype=torch.float32)
+        except RuntimeError as e:  # out of memory: the head whole, as before
+            log.warning("LM head screen not built: %s", e)
+            self._failed = True
+            return False
         offsets = 0 if self.head.offsets is None else self.head.offsets.data_ptr()
         rc = _pack_entry()(self.head.q.data_ptr(), self.head.scales.data_ptr(), offsets,
                            self.head.tile_flags, perm.data_ptr(), self.edges.data_ptr(),

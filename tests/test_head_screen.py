@@ -159,37 +159,53 @@ def test_the_screen_runs_only_where_q8_dpbf16_would():
     assert s.takes(many) and s.takes(many[:1], "dpbf16")  # a prompt step's rows
     assert not s.takes(many[:head.vnni_limit])  # q8_vnni's rows: other sums
     assert not s.takes(many.float())
+    assert not s.takes(many[:0], "dpbf16") and s.argmax(many[:0]) is None  # no logits rows
     prompt_rows = hidden_rows(q8.PROMPT_DPBF16_ROWS + 1, 128, seed=14)
     assert not s.takes(prompt_rows, "dpbf16")  # q8_dpbf16 takes no more: bf16 does
     assert screen.HeadScreen.for_head(random_head(1008, 128, seed=1)) is None  # n % 32
 
 
-def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
-    """A bf16 engine with an int8 head, 20 greedy rows (the head on q8_dpbf16): the screen
-    gives its steps' tokens, and they are those of the engine without it."""
+def run_greedy(path, screen_on: bool):
+    """A bf16 engine with an int8 head: a long prompt alone first (its chunks before the
+    last give the head no rows), then 20 greedy rows (the head on q8_dpbf16); (each
+    request's tokens, the engine)."""
     from conftest import HYBRID, int8_copy, random_prompt, write_tiny_gemma3
 
     from swaserve.engine.engine import Engine
     from swaserve.sampling.params import SamplingParams
 
-    write_tiny_gemma3(tmp_path, HYBRID, seed=14)
-    prompts = [random_prompt(4 + i, i) for i in range(20)]
+    write_tiny_gemma3(path, HYBRID, seed=14)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    outs = {}
-    for on in (True, False):
-        eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="64MiB",
-                     max_running_requests=20, max_model_len=64, prefix_cache=False)
-        eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)}, head_screen=on)
-        reqs = [eng.add_request(p, params)[0] for p in prompts]
-        while eng.has_unfinished():
-            eng.step()
-        outs[on] = [r.output_token_ids for r in reqs]
-        if on:
-            assert eng.model.head_screen.calls > 0
-        else:
-            assert eng.model.head_screen is None
-    assert outs[True] == outs[False]
+    eng = Engine(model=str(path), dtype="bfloat16", kv_memory="64MiB", max_running_requests=20,
+                 max_model_len=64, prefix_cache=False, chunk_size=16)
+    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)}, head_screen=screen_on)
+    reqs = [eng.add_request(random_prompt(40, 99), params)[0]]
+    while eng.has_unfinished():
+        eng.step()
+    reqs += [eng.add_request(random_prompt(4 + i, i), params)[0] for i in range(20)]
+    while eng.has_unfinished():
+        eng.step()
+    return [r.output_token_ids for r in reqs], eng
 
+
+def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
+    on, eng = run_greedy(tmp_path, True)
+    assert eng.model.head_screen.calls > 0
+    off, eng = run_greedy(tmp_path, False)
+    assert eng.model.head_screen is None and on == off
+
+
+def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monkeypatch,
+                                                                  caplog):
+    want, _ = run_greedy(tmp_path, False)
+
+    def broken(self, x):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(screen.HeadScreen, "argmax", broken)
+    got, eng = run_greedy(tmp_path, True)
+    assert got == want and eng.model.head_screen is None
+    assert "LM head screen failed" in caplog.text
 
 def test_the_bound_holds_where_rounding_errs_all_one_way():
     """Every small input of each group just under a half step from its int8 value, so the

@@ -32,7 +32,7 @@
 #define SLACK 0.52f
 #define ABS_SLACK 1e-30f  /* the kernels flush values under 2^-126 to zero */
 /* |x| past this goes to the caller's kernel: below it no screen sum or bound overflows
- * float32 (a GGUF's weights are under 2^26, 640 of them: 2^64 x 2^26 x 2^10 < 2^127) */
+ * float32 (a GGUF's weights are under 2^26, k under 2^16: 2^64 x 2^26 x 2^16 < 2^127) */
 #define X_LIMIT 0x1p64f
 #define SCREEN_ROWS 6     /* rows a pass keeps in registers: 6 x 2 int32 + 6 x 2 float sums */
 

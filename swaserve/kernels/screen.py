@@ -94,7 +94,7 @@ class HeadScreen:
     def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
         """Whether `self.head.argmax(x, kernel)` would run on q8_dpbf16 (`kernel` as the
         model passes it). The screen pays from one row (Zen 4: 7 ms against 10)."""
-        return (x.dim() == 2 and self.head.takes(x, kernel)
+        return (x.dim() == 2 and x.shape[0] > 0 and self.head.takes(x, kernel)
                 and q8.tile_kernel(x.shape[0], kernel, any_rows=True,
                                    vnni_limit=self.head.vnni_limit) == "dpbf16")
 
@@ -121,6 +121,8 @@ class HeadScreen:
             raise ValueError(f"HeadScreen: x must be bf16 [M, {self.head.shape[1]}], got "
                              f"{x.dtype} {tuple(x.shape)}")
         x = x.contiguous()
+        if x.shape[0] == 0:  # a step whose prompt chunks end no prompt
+            return None
         if self._copy is None:
             if self._failed:
                 return None

@@ -7,6 +7,7 @@ its layers are the shape that kernels/decode.c runs a decode step of in one call
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 
@@ -24,6 +25,8 @@ from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
 from swaserve.profile import timed
+
+log = logging.getLogger("swaserve")
 
 SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
 LOGITS_MIN_ROWS = 32  # the reused logits buffer holds at least this many rows
@@ -239,7 +242,11 @@ class CausalLM(nn.Module):
                 and not self.cfg.final_logit_softcapping):
             tokens = None
             if self.head_screen is not None and self.head_screen.takes(x, ctx.q8_kernel):
-                tokens = self.head_screen.argmax(x)
+                try:
+                    tokens = self.head_screen.argmax(x)
+                except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
+                    log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
+                    self.head_screen = None
             if tokens is None:
                 tokens = self.lm_head_q8.argmax(x, ctx.q8_kernel)
             if tokens is not None:

@@ -107,7 +107,6 @@ class HeadScreen:
         float32 sums, ties to the first column); None where the caller should take it
         from q8_dpbf16 itself (the copy is not made yet, a value of x or of W is not
         finite, |x| past 2^64, no memory)."""
-        x = x.contiguous()
         found = self.candidates(x)
         tokens = None if found is None else self._rescore(x, *found)
         self.calls += tokens is not None
@@ -144,7 +143,8 @@ class HeadScreen:
         """Each row's best candidate by q8_dpbf16's own sums (of the candidates' columns
         taken out of the head: the same sums), rows past CAP by q8_dpbf16 whole."""
         kept = torch.arange(CAP)[None, :] < count[:, None]
-        union = torch.unique(cand[kept].long())  # sorted: a tie goes to the first column
+        columns_kept = cand[kept].long()
+        union = torch.unique(columns_kept)  # sorted: a tie goes to the first column
         tokens = torch.zeros(x.shape[0], dtype=torch.int64)
         if union.numel():
             pad = -union.numel() % q8.TILE_N
@@ -154,7 +154,7 @@ class HeadScreen:
                 return None
             mine = torch.zeros_like(sums, dtype=torch.bool)
             rows = kept.nonzero()[:, 0]
-            mine[rows, torch.searchsorted(union, cand[kept].long())] = True
+            mine[rows, torch.searchsorted(union, columns_kept)] = True
             tokens = union[sums.masked_fill(~mine, float("-inf")).argmax(1)]
         over = (count < 0).nonzero()[:, 0]
         if over.numel():

@@ -149,6 +149,14 @@ def test_group_edges():
     assert edges[0] == 0 and edges[-1] == 2880 and all(e % 16 == 0 for e in edges)
     assert all(a < b for a, b in zip(edges, edges[1:]))
     assert screen.group_edges(48) is None and screen.group_edges(100) is None
+    head = random_head(64, 64, seed=18)  # both entries refuse edges that do not cut k
+    for bad in ([0, 16, 60], [0, 32, 16, 64], [8, 32, 64]):
+        edges = torch.tensor(bad, dtype=torch.int32)
+        wq, stats = torch.empty(64 * 64, dtype=torch.uint8), torch.empty(64 * 4 * 2)
+        assert screen._pack_entry()(head.q.data_ptr(), head.scales.data_ptr(), 0, head.tile_flags,
+                                    torch.arange(64, dtype=torch.int32).data_ptr(),
+                                    edges.data_ptr(), len(bad) - 1, 64, 64, wq.data_ptr(),
+                                    stats.data_ptr(), 1) == -1
 
 
 def test_the_screen_runs_only_where_q8_dpbf16_would():

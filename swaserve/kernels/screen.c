@@ -153,6 +153,14 @@ static int64_t candidates(const screen_job_t *j, int64_t i, float best, int64_t 
     return c;
 }
 
+/* the groups' first channels, then k: from 0 to k, rising, each a multiple of 16 */
+static int edges_ok(const int32_t *edges, int64_t ngroups, int64_t k) {
+    if (ngroups < 1 || edges[0] != 0 || edges[ngroups] != k) return 0;
+    for (int64_t g = 0; g < ngroups; g++)
+        if (edges[g] % 16 || edges[g + 1] <= edges[g]) return 0;
+    return 1;
+}
+
 /* x's rows in screen order as int8 with a scale per group; 0, or -3 for a value that is
  * not finite or past X_LIMIT (the caller's kernel decides what such a row gets) */
 static int quantize(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t G,
@@ -192,10 +200,8 @@ static int quantize(const uint16_t *x, const int32_t *perm, const int32_t *edges
 int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t ngroups,
                 const uint8_t *wq, const float *stats, int64_t m, int64_t n, int64_t k,
                 int64_t cap, int32_t *cand, int64_t *count, int threads) {
-    if (m < 1 || n % 32 || k % 16 || ngroups < 1 || cap < 1 || threads < 1) return -1;
-    if (edges[0] != 0 || edges[ngroups] != k) return -1;
-    for (int64_t g = 0; g < ngroups; g++)
-        if (edges[g] % 16 || edges[g + 1] <= edges[g]) return -1;
+    if (m < 1 || n % 32 || k % 16 || cap < 1 || threads < 1 || !edges_ok(edges, ngroups, k))
+        return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t pairs = n / 32;
     const int njobs = threads * JOBS_PER_THREAD < pairs ? threads * JOBS_PER_THREAD : (int)pairs;
@@ -235,6 +241,7 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
     free(upper);
     return rc;
 }
+
 /* One block of 16 columns of the head's int8 tiles as the screen's: widened as q8_dpbf16
  * widens them (the values it multiplies), then per column and group st = the largest
  * |w| / 127, wq = round(w / st) + 128 and l1 = the sum of |w|. -3 for a value that is
@@ -280,7 +287,7 @@ static int pack_block(const int8_t *pq, const char *ps, const float *po, int fla
 int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flags,
                      const int32_t *perm, const int32_t *edges, int64_t ngroups, int64_t n,
                      int64_t k, uint8_t *wq, float *stats, int threads) {
-    if (n % 32 || k % 32 || ngroups < 1 || threads < 1) return -1;
+    if (n % 32 || k % 32 || threads < 1 || !edges_ok(edges, ngroups, k)) return -1;
     const int64_t nkb = k / 32, per = flags & Q8_HALVES ? 32 : 16;
     const int64_t ssize = flags & Q8_F16_SCALES ? 2 : 4;
     int rc = 0; /* the most negative of the blocks' codes */

@@ -104,13 +104,15 @@ def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
     return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
 
 
-def use_int8_copies(eng, kind: str = "q8_0") -> None:
+def use_int8_copies(eng, kind: str = "q8_0", int8_activations: bool = False) -> None:
     """Give a bf16 engine's model int8 copies of its layer weights and LM head, as a GGUF's
-    quantized tensors would (the tiny checkpoints are safetensors); `kind` for the layers."""
+    quantized tensors would (the tiny checkpoints are safetensors); `kind` for the layers,
+    with `int8_activations` their products past q8_vnni's rows on q8_dpbusd."""
     eng.model.use_q8({"lm_head": int8_copy(eng.model.embed),
                       **{f"{i}.{name}": int8_copy(getattr(layer, name), kind)
                          for i, layer in enumerate(eng.model.layers)
-                         for name in ("qkv", "o", "gate_up", "down")}})
+                         for name in ("qkv", "o", "gate_up", "down")}},
+                     int8_activations=int8_activations)
 
 
 def run_logging_logits(eng, prompts, params):

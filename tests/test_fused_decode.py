@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
                                 reason="no int8 tile kernel here")
 
 
-def bf16_engine_with_int8_weights(path, **kw):
+def bf16_engine_with_int8_weights(path, int8_activations: bool = False, **kw):
     eng = tiny_engine(path, dtype="bfloat16", prefix_cache=False, **kw)
-    use_int8_copies(eng)
+    use_int8_copies(eng, int8_activations=int8_activations)
     return eng
 
 
@@ -60,6 +60,24 @@ def test_fused_layers_give_the_layer_by_layer_bits(tiny_hybrid, batch):
     fused, plain, steps = decode_runs(eng, prompts, 3 * W)
     assert steps >= 3 * W - 2  # every pure decode step
     assert_same_bits(fused, plain, 3 * W)
+
+
+@pytest.mark.parametrize("batch", [13, 40])
+def test_fused_layers_on_int8_activations_give_the_layer_by_layer_bits(tiny_hybrid, batch):
+    """With `int8_activations` the fused call's products past q8_vnni's rows run on
+    q8_dpbusd, as the layers' own do: the same bits, and not those of q8_dpbf16."""
+    if q8.amx_available() or q8.tile_kernel(batch, int8=True) != "dpbusd":
+        pytest.skip("q8_dpbusd does not take these rows here")
+    eng = bf16_engine_with_int8_weights(tiny_hybrid[0], int8_activations=True,
+                                        max_running_requests=batch)
+    prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(batch)]
+    fused, plain, steps = decode_runs(eng, prompts, 2 * W)
+    assert steps >= 2 * W - 2
+    assert_same_bits(fused, plain, 2 * W)
+    bf16_acts = bf16_engine_with_int8_weights(tiny_hybrid[0], max_running_requests=batch)
+    other, _, _ = decode_runs(bf16_acts, prompts, 2 * W)
+    assert any(not torch.equal(a, b) for (_, la), (_, lb) in zip(fused, other)
+               for a, b in zip(la, lb))
 
 
 @pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI here")

@@ -178,17 +178,20 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
     assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))
 
 
+@pytest.mark.parametrize("int8_activations", [False, True])
 @pytest.mark.parametrize("chunk", [12, 64])
-def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk):
+def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk,
+                                                            int8_activations):
     """With int8 weights, steps with prompt rows multiply on one kernel (q8_amx, or
-    without AMX q8_dpbf16) up to its PROMPT_*_ROWS rows (ForwardContext.q8_kernel), though
-    pure decode steps of few rows take another (q8_vnni): a hit's 4-row tail gives the
-    bits of the cold run's chunk holding those rows (12 rows, or the whole 36-token prompt
-    in one chunk)."""
+    without AMX q8_dpbf16, or with `int8_activations` q8_dpbusd) up to its PROMPT_*_ROWS
+    rows (ForwardContext.q8_kernel), though pure decode steps of few rows take another
+    (q8_vnni): a hit's 4-row tail gives the bits of the cold run's chunk holding those
+    rows (12 rows, or the whole 36-token prompt in one chunk)."""
     from swaserve.kernels import q8
 
     kernel = q8.prompt_kernel()
-    if q8.tile_kernel(chunk, kernel) is None or not q8.vnni_available():
+    want = "dpbusd" if int8_activations else kernel
+    if q8.tile_kernel(chunk, kernel, int8=int8_activations) != want or not q8.vnni_available():
         pytest.skip("needs q8_vnni and a prompt step's int8 tile kernel")
     path, _ = tiny_hybrid
     base = random_prompt(5 * W + 3, seed=80)
@@ -197,7 +200,7 @@ def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk):
     runs = []
     for cache in (True, False):
         eng = engine(path, dtype="bfloat16", prefix_cache=cache, chunk_size=chunk)
-        use_int8_copies(eng)
+        use_int8_copies(eng, int8_activations=int8_activations)
         if cache:
             run(eng, [base], 3 * W)
         runs.append(run(eng, [other], 3 * W)[0])

@@ -284,6 +284,123 @@ def test_vnni_activation_blocks_keep_their_own_range_zeros_and_nans():
     assert y[5:].isnan().all() and not y[:5].isnan().any()
 
 
+def int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [m, k] bf16 as q8_dpbusd writes it, in float64: int8 values per block of 32 (x
+    times 127 / the block's largest |x| in float32, rounded to nearest even) and each
+    block's scale (that largest / 127), [m, k / 32]."""
+    xf = x.float().view(x.shape[0], -1, 32)
+    amax = xf.abs().amax(-1, keepdim=True)
+    inv = torch.full_like(amax, 127.0) / amax.clamp_min(1e-30)  # (127.0 / t: 1 / t * 127)
+    xq = torch.round(xf * inv)
+    return xq.view(x.shape).double(), (amax / 127.0).squeeze(-1).double()
+
+
+def assert_int8_product(y: torch.Tensor, x: torch.Tensor, w: q8.Q8Weight) -> float:
+    """y is x @ w.T of the exact weights but for what int8 activations lose: half a step of
+    each block's scale times the weights' |w| (plus float32 round-off of the sums), and
+    within float32 round-off of the float64 product of those int8 activations (offsets
+    taken off with the exact sums of x). Returns the largest error relative to the largest
+    output."""
+    wd = w.dequantize().double()
+    exact = x.double() @ wd.T
+    xq, sx = int8_activations(x)
+    step = sx.repeat_interleave(32, dim=1)
+    roundoff = 1e-6 * (x.double().abs() @ wd.abs().T)
+    assert ((y.double() - exact).abs() <= 0.5 * step @ wd.abs().T + roundoff).all()
+    _, scales, offsets = w.rows()
+    g = w.group
+    wq = wd if offsets is None else wd + offsets.double().repeat_interleave(g, dim=1)
+    emulated = (xq * step) @ wq.T
+    if offsets is not None:
+        sums = x.double().view(x.shape[0], -1, g).sum(-1)
+        emulated -= sums @ offsets.double().T
+    assert ((y.double() - emulated).abs() <= roundoff + 1e-5 * exact.abs().max()).all()
+    return (y.double() - exact).abs().max().item() / exact.abs().max().item()
+
+
+@vnni
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 48, 640), (12, 64, 96), (13, 1536, 640),
+                                   (40, 640, 2048)])
+def test_dpbusd_product_is_within_int8_activations_bound(m, n, k):
+    """q8_dpbusd multiplies the exact weights by activations held as int8 per block of 32:
+    within half a step of each block's scale of float64's product, and measurably further
+    from it than bf16 activations are (so the int8 path is the one that ran)."""
+    w = random_weight(n, k, m).to_tiles()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+    y = w.matmul(x, kernel="dpbusd")
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    err = assert_int8_product(y, x, w)
+    assert err > 1e-3  # int16 activations: ~1e-5
+    bf16 = w.matmul(x, dtype=torch.bfloat16, kernel="dpbusd")
+    assert torch.equal(bf16, y.to(torch.bfloat16))
+
+
+@vnni
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [1, 19, 32])
+def test_dpbusd_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
+    w, x = k_quant_case(kind, m)
+    assert_int8_product(w.matmul(x, kernel="dpbusd"), x, w)
+
+
+@vnni
+@pytest.mark.parametrize("k", [640, 2048])
+def test_dpbusd_rows_do_not_depend_on_their_batch(k):
+    """Rows in chunks of 12 over a column block rewritten once: a row's sums are its own
+    wherever it falls in the call."""
+    w = random_weight(96, k, 1).to_tiles()
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    whole = w.matmul(x, kernel="dpbusd")
+    for lo, hi in [(0, 1), (3, 20), (11, 13), (7, 40)]:
+        assert torch.equal(w.matmul(x[lo:hi], kernel="dpbusd"), whole[lo:hi])
+
+
+@vnni
+def test_dpbusd_activation_blocks_keep_their_own_range_zeros_and_nans():
+    """Each block of 32 gets its own scale: blocks from 1e-30 to 1e30 in one row, a block
+    of values under 2^-100 (whose 127 / largest would overflow float32), rows of tiny or
+    huge values, keep int8's relative precision; a zero row gives zeros; a NaN (or an
+    infinity) makes its own row NaN, no other."""
+    w = random_weight(32, 256, 4).to_tiles()
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(3))
+    x[0] *= (10.0 ** torch.arange(-30, 31, 60 / 7)).repeat_interleave(32)
+    x[1] *= 1e-30
+    x[2] *= 1e30
+    x[3, 37] = 1e6  # a block whose other values are far below its largest
+    x[4] = 0
+    x[5, 100] = float("nan")
+    x[6, 3] = float("inf")
+    x[7, 32:64] *= 2.0 ** -110
+    x = x.to(torch.bfloat16)
+    y = w.matmul(x, kernel="dpbusd")
+    for r in (0, 1, 2, 3, 7):
+        assert_int8_product(y[r:r + 1], x[r:r + 1], w)
+    assert torch.equal(y[4], torch.zeros(32))
+    assert y[5:7].isnan().all() and not y[:5].isnan().any() and not y[7].isnan().any()
+
+
+@vnni
+def test_int8_activations_take_dpbf16s_place_at_any_rows():
+    """A weight with `int8_activations` multiplies on q8_dpbusd where it would take
+    q8_dpbf16 (decode steps past q8_vnni's rows, prompt steps) and past PROMPT_DPBF16_ROWS
+    too (where the plain weight declines for bf16); q8_vnni's rows stay on q8_vnni."""
+    if q8.amx_available() or not q8.dpbf16_available():
+        pytest.skip("q8_dpbusd stands in for q8_dpbf16 only (no AMX, AVX-512 BF16)")
+    w = random_weight(32, 64, 2).to_tiles()
+    w.int8_activations = True
+    rows = q8.vnni_rows()
+    assert w.kernel_for(rows) == "vnni" and w.kernel_for(rows + 1) == "dpbusd"
+    assert w.kernel_for(1, "dpbf16") == "dpbusd"
+    x = torch.randn(q8.PROMPT_DPBF16_ROWS + 1, 64,
+                    generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    assert w.takes(x, "dpbf16")
+    assert torch.equal(w.matmul(x, kernel="dpbf16"), w.matmul(x, kernel="dpbusd"))
+    assert torch.equal(w.argmax(x[:5], "dpbf16"), w.matmul(x[:5], kernel="dpbusd").argmax(-1))
+    plain = random_weight(32, 64, 2).to_tiles()
+    assert plain.kernel_for(rows + 1) == "dpbf16" and not plain.takes(x, "dpbf16")
+    assert q8.same_kernel_rows(rows, int8=True) == rows
+
+
 @pytest.mark.skipif(not q8.available(), reason="no C compiler for the kernel")
 def test_matvec_gives_bf16_as_a_cast_of_its_float32_sums():
     g = torch.Generator().manual_seed(5)
@@ -361,7 +478,8 @@ def test_one_header_holds_every_kernels_signature_and_flags():
 
 @pytest.mark.parametrize("kernel", [pytest.param("amx", marks=amx),
                                     pytest.param("dpbf16", marks=dpbf16),
-                                    pytest.param("vnni", marks=vnni)])
+                                    pytest.param("vnni", marks=vnni),
+                                    pytest.param("dpbusd", marks=vnni)])
 @pytest.mark.parametrize("m,n", [(1, 4096), (3, 1552), (7, 4096), (13, 48), (33, 8192)])
 def test_tile_argmax_is_the_argmax_of_its_sums(kernel, m, n):
     """Q8_ARGMAX_OUT on each tile kernel: the first index of each row's largest float32

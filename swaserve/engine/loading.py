@@ -56,7 +56,8 @@ def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
         fast = {name: w.for_activations(dtype)
                 for name, w in load_q8_weights(source, cfg.num_layers).items()}
         model.use_q8({name: w for name, w in fast.items() if w is not None},
-                     head_screen=config.head_screen)
+                     head_screen=config.head_screen,
+                     int8_activations=config.int8_activations)
     return LoadedModel(source, cfg, max_model_len, tokenizer, model)
 
 

@@ -45,6 +45,8 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
            void *y, int64_t m, int64_t n, int64_t k, int threads);
 int q8_dpbf16(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
               void *y, int64_t m, int64_t n, int64_t k, int threads);
+int q8_dpbusd(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads);
 
 /* screen.c: each row's candidates for the argmax of x [m, k] bf16 @ W^T from W's int8 copy
    (kernels/screen.py); cand [m, cap], count [m] (-1: more than cap). 0 on success, -1 for

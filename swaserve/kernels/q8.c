@@ -410,9 +410,218 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
         if (jobs[t].rc) rc = jobs[t].rc;
     return argmax_finish(rc, best, at, njobs, m, y);
 }
+
+/* Many rows on int8 activations: each row of x is written as int8 with a float scale per
+ * 32 inputs (its largest |x| / 127, round to nearest), and multiplied with the tiles'
+ * int8 weights by VPDPBUSD, 16 outputs x 4 inputs an instruction where VPDPWSSD and
+ * VDPBF16PS take 2: exact int32 sums per weight group, each scaled (and its offset taken
+ * off, with the exact sum of x) in float32. VPDPBUSD multiplies unsigned by signed bytes:
+ * the weights are taken as u = q + 128 and each group's sum starts at -128 times the
+ * group's sum of int8 x. A thread rewrites a column block over all of K into that order
+ * (16 outputs x 4 inputs a 64-byte row) once and runs every row of the call over it,
+ * DB_ROWS at a time. A row's sums depend on that row alone, not on the others of the call. */
+#define DB_ROWS 12
+
+/* The activations in chunks of DB_ROWS rows, each row's value for a position of the
+ * chunk's rows side by side ([chunk][position][DB_ROWS]), so that a chunk's row values
+ * sit at fixed offsets from one pointer (a pointer a row spilled to the stack) */
+typedef struct {
+    const int32_t *xq;   /* [chunk][k / 4][DB_ROWS]: 4 int8 values a word */
+    const float *xs;     /* [chunk][k / 32][DB_ROWS]: each block's scale */
+    const int32_t *xc;   /* [chunk][k / group][DB_ROWS]: -128 x the group's sum of xq */
+    const float *xsum;   /* [chunk][k / group][DB_ROWS]: sums of x per group (offsets only) */
+    const int8_t *pq;
+    const void *ps;
+    const float *po;
+    void *y;
+    int64_t m, n, k, lo, hi; /* [lo, hi): column blocks of 16 */
+    int flags;
+    int rc;              /* -1: no buffer; -3: a sum is NaN (Q8_ARGMAX_OUT) */
+    float *best;         /* Q8_ARGMAX_OUT: [m][16] each lane's largest sum so far */
+    int32_t *at;         /* [m][16] its column (INT32_MAX: none yet) */
+} db_job_t;
+
+/* a column block's int8 tiles (16 pairs x 16 outputs x 2 a block) as u = q + 128 in
+ * quads: 8 rows of 16 outputs x 4 inputs a block */
+static void quad_block(const int8_t *pq, int64_t nkb, uint8_t *out) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int64_t r = 0; r < nkb * 8; r++)
+        _mm512_store_si512((void *)(out + r * 64), _mm512_xor_si512(bias, _mm512_permutexvar_epi16(
+            idx, _mm512_loadu_si512((const void *)(pq + r * 64)))));
+}
+
+/* the M rows of chunk c times the quads of column block cb, into y */
+static inline __attribute__((always_inline)) void db_rows(db_job_t *j, const uint8_t *wq,
+                                                          int64_t cb, int64_t c, const int M,
+                                                          const int G) {
+    const int64_t nkb = j->k / 32, ngroups = nkb * G, per = G == 2 ? 32 : 16;
+    const int f16 = j->flags & Q8_F16_SCALES;
+    const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
+    const float *po = j->po ? j->po + cb * nkb * per : 0;
+    const int32_t *xq = j->xq + c * (j->k / 4) * DB_ROWS;
+    const float *xs = j->xs + c * nkb * DB_ROWS;
+    const int32_t *xc = j->xc + c * ngroups * DB_ROWS;
+    const float *xsum = j->xsum ? j->xsum + c * ngroups * DB_ROWS : 0;
+    __m512 f[DB_ROWS];
+    for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ngroups; g++) {
+        const int32_t *xg = xq + g * (8 / G) * DB_ROWS;
+        const uint8_t *wg = wq + g * (8 / G) * 64;
+        __m512i acc[DB_ROWS];
+        for (int i = 0; i < M; i++) acc[i] = _mm512_set1_epi32(xc[g * DB_ROWS + i]);
+#pragma GCC unroll 8
+        for (int qd = 0; qd < 8 / G; qd++) {
+            const __m512i w = _mm512_load_si512((const void *)(wg + qd * 64));
+#pragma GCC unroll 12
+            for (int i = 0; i < M; i++)
+                acc[i] = _mm512_dpbusd_epi32(acc[i], w, _mm512_set1_epi32(xg[qd * DB_ROWS + i]));
+        }
+        const __m512 s = vnni_scales(ps + g * 16 * (f16 ? 2 : 4), 0, f16);
+        const float *sx = xs + (g / G) * DB_ROWS;
+        for (int i = 0; i < M; i++)
+            f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]),
+                                   _mm512_mul_ps(s, _mm512_set1_ps(sx[i])), f[i]);
+        if (po) {
+            const __m512 o = _mm512_loadu_ps(po + g * 16);
+            for (int i = 0; i < M; i++)
+                f[i] = _mm512_fnmadd_ps(o, _mm512_set1_ps(xsum[g * DB_ROWS + i]), f[i]);
+        }
+    }
+    const int64_t r0 = c * DB_ROWS;
+    for (int i = 0; i < M; i++) {
+        if (j->flags & Q8_ARGMAX_OUT) {
+            if (argmax_fold(j->best + (r0 + i) * 16, j->at + (r0 + i) * 16, f[i], cb * 16))
+                j->rc = -3;
+        } else if (j->flags & Q8_BF16_OUT)
+            _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + (r0 + i) * j->n + cb * 16),
+                                to_bf16(f[i]));
+        else
+            _mm512_storeu_ps((float *)j->y + (r0 + i) * j->n + cb * 16, f[i]);
+    }
+}
+
+#define DB_ROWS_CASES(G)                                                         \
+    for (int64_t c = 0; c * DB_ROWS < j->m; c++) {                               \
+        switch (j->m - c * DB_ROWS < DB_ROWS ? j->m - c * DB_ROWS : DB_ROWS) {   \
+        case 1: db_rows(j, wq, cb, c, 1, G); break;                              \
+        case 2: db_rows(j, wq, cb, c, 2, G); break;                              \
+        case 3: db_rows(j, wq, cb, c, 3, G); break;                              \
+        case 4: db_rows(j, wq, cb, c, 4, G); break;                              \
+        case 5: db_rows(j, wq, cb, c, 5, G); break;                              \
+        case 6: db_rows(j, wq, cb, c, 6, G); break;                              \
+        case 7: db_rows(j, wq, cb, c, 7, G); break;                              \
+        case 8: db_rows(j, wq, cb, c, 8, G); break;                              \
+        case 9: db_rows(j, wq, cb, c, 9, G); break;                              \
+        case 10: db_rows(j, wq, cb, c, 10, G); break;                            \
+        case 11: db_rows(j, wq, cb, c, 11, G); break;                            \
+        default: db_rows(j, wq, cb, c, 12, G); break;                            \
+        }                                                                        \
+    }
+
+static void *db_run(void *arg) {
+    db_job_t *j = (db_job_t *)arg;
+    const int64_t nkb = j->k / 32;
+    uint8_t *wq = aligned_alloc(64, (size_t)nkb * 512);
+    if (!wq) { j->rc = -1; return 0; }
+    for (int64_t cb = j->lo; cb < j->hi; cb++) {
+        quad_block(j->pq + cb * nkb * 512, nkb, wq);
+        if (j->flags & Q8_HALVES) {
+            DB_ROWS_CASES(2)
+        } else {
+            DB_ROWS_CASES(1)
+        }
+    }
+    free(wq);
+    return 0;
+}
+#undef DB_ROWS_CASES
+
+/* x [m, k] bf16 as int8 per block of 32 (scale: the block's largest |x| / 127; a NaN or
+ * infinity makes the block's scale NaN, so the row's sums are NaN), -128 x the sums of
+ * the int8 values per weight group, and the sums of x per group for the offsets, each in
+ * db_job_t's chunked order */
+static void quantize_rows8(const uint16_t *x, int64_t m, int64_t k, int group, int threads,
+                           int32_t *xq, float *xs, int32_t *xc, float *xsum) {
+    const int64_t nkb = k / 32, G = 32 / group;
+#pragma omp parallel for num_threads(m * k >= 65536 ? threads : 1) schedule(static)
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t c = r / DB_ROWS, i = r % DB_ROWS;
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            const __m512 a = load_bf16(x + r * k + kb * 32), b = load_bf16(x + r * k + kb * 32 + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a),
+                                                                  _mm512_abs_ps(b)));
+            const int bad = _mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99);
+            /* a block under 2^-100 is scaled up first: 127 / amax would overflow */
+            const float up = amax < 0x1p-100f ? 100.0f : 0.0f;
+            const __m512 inv = _mm512_set1_ps(amax > 0 && !bad ? 127.0f / ldexpf(amax, (int)up) : 0.0f);
+            const __m512 e = _mm512_set1_ps(up);
+            const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_scalef_ps(a, e), inv));
+            const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_scalef_ps(b, e), inv));
+            int32_t words[8];
+            _mm_storeu_si128((__m128i *)words, _mm512_cvtsepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(words + 4), _mm512_cvtsepi32_epi8(qb));
+            for (int w = 0; w < 8; w++) xq[(c * (k / 4) + kb * 8 + w) * DB_ROWS + i] = words[w];
+            xs[(c * nkb + kb) * DB_ROWS + i] = bad ? NAN : amax / 127.0f;
+            const int32_t ca = -128 * _mm512_reduce_add_epi32(qa), cb = -128 * _mm512_reduce_add_epi32(qb);
+            const float sa = xsum ? _mm512_reduce_add_ps(a) : 0, sb = xsum ? _mm512_reduce_add_ps(b) : 0;
+            const int64_t g = (c * nkb * G + kb * G) * DB_ROWS + i;
+            xc[g] = G == 2 ? ca : ca + cb;
+            if (G == 2) xc[g + DB_ROWS] = cb;
+            if (xsum) {
+                xsum[g] = G == 2 ? sa : sa + sb;
+                if (G == 2) xsum[g + DB_ROWS] = sb;
+            }
+        }
+    }
+}
+
+/* 0 on success; -1 for shapes it does not take (n % 16, k % 32) or no memory */
+int q8_dpbusd(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads) {
+    if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    const int64_t nkb = k / 32, group = flags & Q8_HALVES ? 16 : 32, ngroups = k / group;
+    const int64_t rows = (m + DB_ROWS - 1) / DB_ROWS * DB_ROWS;  /* whole chunks */
+    int32_t *xq = aligned_alloc(64, (size_t)(rows * k + 63) / 64 * 64);
+    float *xs = malloc((size_t)rows * (nkb + ngroups) * sizeof(float));
+    int32_t *xc = malloc((size_t)rows * ngroups * sizeof(int32_t));
+    if (!xq || !xs || !xc) { free(xq); free(xs); free(xc); return -1; }
+    float *xsum = po ? xs + rows * nkb : 0;
+    quantize_rows8(x, m, k, (int)group, threads, xq, xs, xc, xsum);
+    const int64_t blocks = n / 16;
+    int njobs = threads * JOBS_PER_THREAD < blocks ? threads * JOBS_PER_THREAD : (int)blocks;
+    db_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
+    const int64_t per = (blocks + njobs - 1) / njobs;
+    const int argmax = flags & Q8_ARGMAX_OUT;
+    float *best = 0;
+    int32_t *at = 0;
+    int rc = argmax && argmax_alloc(njobs, m, &best, &at) ? -1 : 0;
+    for (int t = 0; rc == 0 && t < njobs; t++) {
+        int64_t lo = t * per < blocks ? t * per : blocks, hi = lo + per < blocks ? lo + per : blocks;
+        jobs[t] = (db_job_t){xq, xs, xc, xsum, pq, ps, po, y, m, n, k, lo, hi, flags, 0,
+                             argmax ? best + t * m * 16 : 0, argmax ? at + t * m * 16 : 0};
+    }
+    if (rc == 0) parallel(db_run, jobs, sizeof(db_job_t), njobs, threads);
+    free(xq);
+    free(xs);
+    free(xc);
+    for (int t = 0; rc == 0 && t < njobs; t++)
+        if (jobs[t].rc) rc = jobs[t].rc;
+    if (!best) return rc;
+    return argmax_finish(rc, best, at, njobs, m, y);
+}
 #else
 int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
             void *y, int64_t m, int64_t n, int64_t k, int threads) {
+    (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
+    (void)threads;
+    return -2; /* no AVX-512 VNNI on this machine */
+}
+int q8_dpbusd(const uint16_t *x, const int8_t *pq, const void *ps, const float *po, int flags,
+              void *y, int64_t m, int64_t n, int64_t k, int threads) {
     (void)x; (void)pq; (void)ps; (void)po; (void)flags; (void)y; (void)m; (void)n; (void)k;
     (void)threads;
     return -2; /* no AVX-512 VNNI on this machine */

@@ -75,6 +75,7 @@ _HALVES, _F16_SCALES, _BF16_OUT, _ARGMAX_OUT, _PACK4, _PACK5 = (
 _amx_ok: bool | None = None
 _vnni_ok: bool | None = None
 _dpbf16_ok: bool | None = None
+_dpbusd_ok: bool | None = None
 
 
 def _matvec():
@@ -94,22 +95,28 @@ def dpbf16_entry():
     return build.function("q8", "q8_dpbf16")
 
 
-TILE_ENTRIES = {"vnni": vnni_entry, "amx": amx_entry, "dpbf16": dpbf16_entry}
+def dpbusd_entry():
+    return build.function("q8", "q8_dpbusd")
+
+
+TILE_ENTRIES = {"vnni": vnni_entry, "amx": amx_entry, "dpbf16": dpbf16_entry,
+                "dpbusd": dpbusd_entry}
 
 
 def available() -> bool:
     return _matvec() is not None
 
 
-def _works(fn) -> bool:
-    """Whether tile kernel `fn` runs here and multiplies right (one real product)."""
+def _works(fn, tolerance: float = 0.0) -> bool:
+    """Whether tile kernel `fn` runs here and multiplies right (one real product, within
+    `tolerance` of 16)."""
     if fn is None:
         return False
     w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
                  torch.full((TILE_N, 1), 0.5)).to_tiles()
     y = torch.empty(1, TILE_N)
     return w._run_tiles(fn, torch.ones(1, BLOCK, dtype=torch.bfloat16), y) is y and bool(
-        (y == 16.0).all())
+        ((y - 16.0).abs() <= tolerance).all())
 
 
 def amx_available() -> bool:
@@ -138,21 +145,35 @@ def dpbf16_available() -> bool:
 
 
 def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False,
-                vnni_limit: int | None = None) -> str | None:
+                vnni_limit: int | None = None, int8: bool = False) -> str | None:
     """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" and "dpbf16"
     for a prompt chunk up to PROMPT_AMX_ROWS / PROMPT_DPBF16_ROWS, any m with `any_rows`)
     if it is here and takes them; without one, q8_vnni up to `vnni_limit` rows (default
-    `vnni_rows()`), else q8_amx, else (no AMX) q8_dpbf16. None when none does."""
+    `vnni_rows()`), else q8_amx, else (no AMX) q8_dpbf16. With `int8` (a weight's
+    `int8_activations`), q8_dpbusd takes q8_dpbf16's place, any rows. None when none does."""
     limit = vnni_rows() if vnni_limit is None else vnni_limit
     vnni = (kernel is not None or m <= limit) and vnni_available()
     amx = (kernel is None or m <= PROMPT_AMX_ROWS or any_rows) and amx_available()
+    dpbusd = int8 and dpbf16_available() and dpbusd_available()  # in q8_dpbf16's place
     if kernel is not None:
+        if kernel == "dpbf16" and dpbusd:
+            return "dpbusd"
         dpbf16 = (m <= PROMPT_DPBF16_ROWS or any_rows) and dpbf16_available()
-        ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16}
+        ok = {"vnni": vnni, "amx": amx, "dpbf16": dpbf16, "dpbusd": dpbusd_available()}
         return kernel if ok[kernel] else None
     if vnni or amx:
         return "vnni" if vnni else "amx"
+    if dpbusd:
+        return "dpbusd"
     return "dpbf16" if dpbf16_available() else None
+
+
+def dpbusd_available() -> bool:
+    """The kernel was built with AVX-512 VNNI and its int8 product is right (checked once)."""
+    global _dpbusd_ok
+    if _dpbusd_ok is None:
+        _dpbusd_ok = _works(dpbusd_entry(), tolerance=1e-4)
+    return _dpbusd_ok
 
 
 def prompt_kernel() -> str:
@@ -178,13 +199,14 @@ def head_vnni_rows() -> int:
     return vnni_rows()
 
 
-def same_kernel_rows(m: int, tiled: bool = True, vnni_limit: int | None = None) -> int:
+def same_kernel_rows(m: int, tiled: bool = True, vnni_limit: int | None = None,
+                     int8: bool = False) -> int:
     """The most rows a decode step of m rows may grow to and still take the kernel m rows
-    take (for a weight with its own `vnni_limit`): rows do not depend on their batch
-    within one kernel, but two kernels round differently."""
+    take (for a weight with its own `vnni_limit` and `int8_activations`): rows do not
+    depend on their batch within one kernel, but two kernels round differently."""
     unbounded = 1 << 62
     if tiled:
-        if tile_kernel(m, vnni_limit=vnni_limit) != "vnni":
+        if tile_kernel(m, vnni_limit=vnni_limit, int8=int8) != "vnni":
             return unbounded
         return vnni_rows() if vnni_limit is None else vnni_limit
     return FAST_ROWS if m <= FAST_ROWS else unbounded
@@ -218,6 +240,8 @@ class Q8Weight:
         # the most rows the tiles take to q8_vnni (None: `vnni_rows()`; an LM head's:
         # `head_vnni_rows()`, set by the model)
         self.vnni_limit: int | None = None
+        # q8_dpbusd (int8 activations) in q8_dpbf16's place, set by the model
+        self.int8_activations = False
 
     @property
     def plain(self) -> bool:
@@ -308,6 +332,7 @@ class Q8Weight:
         if torch.equal(half.float(), t.scales):  # Q8_0, Q5_0: float16 in the file
             t.scales = half
         t.shape, t.group, t.tiled, t.vnni_limit = self.shape, self.group, True, self.vnni_limit
+        t.int8_activations = self.int8_activations
         t.packed = t._pack()
         return t
 
@@ -335,6 +360,7 @@ class Q8Weight:
         t.scales, t.offsets = pick(self.scales), pick(self.offsets)
         t.shape, t.group, t.tiled = (outputs.numel(), self.shape[1]), self.group, True
         t.vnni_limit, t.packed = self.vnni_limit, None
+        t.int8_activations = self.int8_activations
         return t
 
     def _pack(self) -> tuple[torch.Tensor, int] | None:
@@ -406,7 +432,7 @@ class Q8Weight:
         `kernel`, "vnni", "amx" or "dpbf16": whether that kernel takes x)."""
         if self.tiled:
             return (x.dtype == torch.bfloat16
-                    and tile_kernel(x.shape[0], kernel, vnni_limit=self.vnni_limit) is not None)
+                    and self.kernel_for(x.shape[0], kernel) is not None)
         return x.shape[0] <= FAST_ROWS and self.plain
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None,
@@ -428,7 +454,7 @@ class Q8Weight:
             raise ValueError(f"Q8Weight.matmul: out must be contiguous float32 or bf16 "
                              f"{list(shape)}, got {out.dtype} {tuple(out.shape)}")
         if self.tiled:
-            kernel = tile_kernel(x.shape[0], kernel, any_rows=True, vnni_limit=self.vnni_limit)
+            kernel = self.kernel_for(x.shape[0], kernel, any_rows=True)
             fn = TILE_ENTRIES[kernel]() if kernel is not None else None
             y = out if out is not None else torch.empty(shape, dtype=dtype)
             return self._run_tiles(fn, x, y)
@@ -448,9 +474,14 @@ class Q8Weight:
                 or not self.takes(x, kernel)):
             return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
-        entry = TILE_ENTRIES[tile_kernel(x.shape[0], kernel, any_rows=True,
-                                         vnni_limit=self.vnni_limit)]
+        entry = TILE_ENTRIES[self.kernel_for(x.shape[0], kernel, any_rows=True)]
         return self._run_tiles(entry(), x, tokens, _ARGMAX_OUT)
+
+    def kernel_for(self, m: int, kernel: str | None = None, any_rows: bool = False
+                   ) -> str | None:
+        """`tile_kernel` for m rows of this tiled weight (its q8_vnni limit and
+        activations)."""
+        return tile_kernel(m, kernel, any_rows, self.vnni_limit, self.int8_activations)
 
     def tiles_for(self, kernel: str) -> tuple[torch.Tensor, int]:
         """(the values, the flags) tile kernel `kernel` reads: q8_vnni the packed values

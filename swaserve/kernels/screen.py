@@ -95,8 +95,7 @@ class HeadScreen:
         """Whether `self.head.argmax(x, kernel)` would run on q8_dpbf16 (`kernel` as the
         model passes it). The screen pays from one row (Zen 4: 7 ms against 10)."""
         return (x.dim() == 2 and x.shape[0] > 0 and self.head.takes(x, kernel)
-                and q8.tile_kernel(x.shape[0], kernel, any_rows=True,
-                                   vnni_limit=self.head.vnni_limit) == "dpbf16")
+                and self.head.kernel_for(x.shape[0], kernel, any_rows=True) == "dpbf16")
 
     @property
     def built(self) -> bool:

@@ -139,11 +139,13 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             layer.tp = group
 
-    def use_q8(self, q8: dict[str, Q8Weight], head_screen: bool = True) -> None:
+    def use_q8(self, q8: dict[str, Q8Weight], head_screen: bool = True,
+               int8_activations: bool = False) -> None:
         """Exact int8 copies of weights (loader.load_q8_weights): "lm_head", "<i>.qkv",
         "<i>.gate_up", "<i>.o", "<i>.down"; each is checked against its bf16 parameter's
         shape. With `head_screen`, greedy steps take the head's tokens through its screen
-        where one runs here."""
+        where one runs here; with `int8_activations`, the layers' weights take int8
+        activations where they would take bf16 ones on q8_dpbf16 (q8_dpbusd)."""
         def fits(w: Q8Weight | None, p: torch.Tensor | None) -> bool:
             return w is not None and p is not None and w.shape == tuple(p.shape)
 
@@ -159,6 +161,7 @@ class CausalLM(nn.Module):
             for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")
                 if fits(w, getattr(layer, name, None)):
+                    w.int8_activations = int8_activations
                     layer.q8[name] = w
 
     def same_numerics_rows(self, m: int) -> int:
@@ -168,8 +171,9 @@ class CausalLM(nn.Module):
             weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
             if self.lm_head_q8 is not None:
                 weights.append(self.lm_head_q8)
-            self._q8_tilings = frozenset((w.tiled, w.vnni_limit) for w in weights)
-        return min((same_kernel_rows(m, t, limit) for t, limit in self._q8_tilings),
+            self._q8_tilings = frozenset((w.tiled, w.vnni_limit, w.int8_activations)
+                                         for w in weights)
+        return min((same_kernel_rows(m, *tiling) for tiling in self._q8_tilings),
                    default=1 << 62)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:

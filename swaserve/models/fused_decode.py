@@ -38,6 +38,7 @@ class FusedDecode:
                 or not decode.heads_fit(self.heads, self.kv_heads, self.head_dim)):
             return False
         self._keep = []  # tensors whose addresses the structs hold
+        self._weight = layers[0].q8["qkv"]
         # per tile kernel: q8_vnni reads the packed values where a weight has them
         arrs = {kernel: (decode.LayerPtrs * len(layers))() for kernel in decode.TILE_KERNELS}
         for i, layer in enumerate(layers):
@@ -102,7 +103,7 @@ class FusedDecode:
         m = x.shape[0]
         if not g.decode or g.batch != m or not x.is_contiguous():
             return None
-        kernel = q8.tile_kernel(m, ctx.q8_kernel)
+        kernel = self._weight.kernel_for(m, ctx.q8_kernel)  # every layer's weights alike
         fns = decode.entry_points(kernel) if kernel in decode.TILE_KERNELS else None
         if fns is None:
             return None

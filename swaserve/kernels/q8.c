@@ -6,7 +6,9 @@
  * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to Q8_MAX_ROWS rows;
  * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, any
  *   number of rows, Q8_VNNI_CHUNK at a time (the exact weights);
- * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows.
+ * - q8_amx: tile layout, any group format, bf16 tiles on AMX, any number of rows;
+ * - q8_dpbf16: the same bf16 tiles on AVX-512 BF16 without the tile unit;
+ * - q8_dpbusd: tile layout, any group format, int8 activations on AVX-512 VNNI.
  * Threads split the output features. Built at run time on the machine that runs it
  * (-O3 -march=native), so the loops vectorise with that machine's instructions.
  */

@@ -25,7 +25,10 @@ without a compiler the bf16 path is used). Two layouts:
   AMX, `q8_dpbf16` multiplies the same widened tiles with AVX-512 BF16 dot products
   (VDPBF16PS: AMD Zen 4 and 5), any number of rows, for decode steps past q8_vnni's and
   prompt chunks up to PROMPT_DPBF16_ROWS (a row's sums do not depend on the others of the
-  call, and from int8 it is 4-14 % faster than bf16 there). What each costs,
+  call, and from int8 it is 4-14 % faster than bf16 there). With `int8_activations` (an
+  engine option, off by default) a layer's weight takes `q8_dpbusd` in q8_dpbf16's place,
+  any rows: int8 activations with a scale per 32 inputs (VPDPBUSD, twice VDPBF16PS's
+  products an instruction), ~1.3x faster and ~5x further from exact. What each costs,
   and why the row limits are where they are: benchmarks/README.md (sessions 3, 5, 7, 16).
 """
 
@@ -146,8 +149,8 @@ def dpbf16_available() -> bool:
 
 def tile_kernel(m: int, kernel: str | None = None, any_rows: bool = False,
                 vnni_limit: int | None = None, int8: bool = False) -> str | None:
-    """The tile kernel for m rows: `kernel` ("vnni", "amx" or "dpbf16"; "amx" and "dpbf16"
-    for a prompt chunk up to PROMPT_AMX_ROWS / PROMPT_DPBF16_ROWS, any m with `any_rows`)
+    """The tile kernel for m rows: `kernel` ("vnni", "amx", "dpbf16" or "dpbusd"; "amx" and
+    "dpbf16" for a prompt chunk up to PROMPT_AMX_ROWS / PROMPT_DPBF16_ROWS, any m with `any_rows`)
     if it is here and takes them; without one, q8_vnni up to `vnni_limit` rows (default
     `vnni_rows()`), else q8_amx, else (no AMX) q8_dpbf16. With `int8` (a weight's
     `int8_activations`), q8_dpbusd takes q8_dpbf16's place, any rows. None when none does."""

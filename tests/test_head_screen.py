@@ -141,6 +141,35 @@ def test_a_copy_that_cannot_be_made_leaves_the_head_whole(monkeypatch):
     assert s.argmax(x) is None and s._failed and not s.built
 
 
+def test_pending_bytes_are_the_copy_it_makes_and_the_planner_leaves_them_out(monkeypatch):
+    """Before its copy the screen says what the copy will take, to the byte; the KV
+    planner's `mem_fraction` budget comes out of free memory less that; once built, or
+    after a failed build, nothing is pending."""
+    from swaserve.config import EngineConfig
+    from swaserve.engine import loading
+    from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
+
+    n, k = 1024, 128
+    s = screen.HeadScreen.for_head(random_head(n, k, seed=21))
+    pending = s.pending_bytes
+    assert pending > n * k
+    assert s.argmax(hidden_rows(screen.BUILD_ROWS, k, seed=22)) is not None and s.built
+    assert sum(t.numel() * t.element_size() for t in s._copy) == pending
+    assert s.pending_bytes == 0
+    layout = CacheLayout((LayerSpec(LayerKind.FULL, 1, 64),) * 2)
+    monkeypatch.setattr(loading, "_free_memory_bytes", lambda device: 1 << 30)
+    config = EngineConfig(mem_fraction=0.5, prefix_cache=False)
+    plans = [loading.plan_kv(config, layout, 1024, torch.device("cpu"), False, reserved)
+             for reserved in (0, 168 << 20)]
+    assert plans[0].budget_bytes == 1 << 29
+    assert plans[1].budget_bytes == ((1 << 30) - (168 << 20)) // 2
+    failed = screen.HeadScreen.for_head(random_head(n, k, seed=21))
+    monkeypatch.setattr(screen.torch, "empty", lambda *a, **kw: (_ for _ in ()).throw(
+        RuntimeError("not enough memory")))
+    assert failed.argmax(hidden_rows(screen.BUILD_ROWS, k, seed=23)) is None
+    assert failed.pending_bytes == 0
+
+
 def test_group_edges():
     assert screen.group_edges(640) == [0, 16, 64, 256, 640]
     assert screen.group_edges(64) == [0, 16, 32, 48, 64]

@@ -67,6 +67,24 @@ def test_logits_and_greedy_match_transformers_past_two_windows(gguf_path, hf_mod
     assert eng.cache.is_fully_free()
 
 
+def test_mem_fraction_leaves_out_what_the_model_allocates_later(monkeypatch):
+    """The LM head screen's copy (168 MB, made at the first large greedy step) is not free
+    memory for the KV pools: a `mem_fraction` plan takes its share of free memory less it."""
+    from swaserve.engine import loading
+    from swaserve.engine.engine import Engine
+    from swaserve.kernels import screen
+
+    free = 2 << 30
+    monkeypatch.setattr(loading, "_free_memory_bytes", lambda device: free)
+    eng = Engine(mem_fraction=0.25, max_running_requests=4)
+    pending = eng.model.pending_bytes
+    if screen.available():
+        assert pending == eng.model.head_screen.pending_bytes > 262144 * 640  # its int8 values
+    else:
+        assert pending == 0
+    assert eng.plan.budget_bytes == int((free - pending) * 0.25)
+
+
 def test_llm_generate_end_to_end():
     from swaserve import LLM, SamplingParams
 

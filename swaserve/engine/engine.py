@@ -141,7 +141,7 @@ class Engine:
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
-                            self.prefix_cache)
+                            self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
                              prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)

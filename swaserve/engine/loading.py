@@ -62,12 +62,14 @@ def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
 
 
 def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
-            device: torch.device, prefix_cache: bool) -> MemoryPlan:
-    """Pool sizes for the KV budget: `kv_memory`, else `mem_fraction` of free memory, else
+            device: torch.device, prefix_cache: bool, pending_bytes: int = 0) -> MemoryPlan:
+    """Pool sizes for the KV budget: `kv_memory`, else `mem_fraction` of free memory (less
+    `pending_bytes`, what the model will still allocate: `CausalLM.pending_bytes`), else
     1 GiB; the prefix cache's window pages take `window_cache_memory` (a fifth) of it."""
     budget = config.kv_memory_bytes
     if budget is None and config.mem_fraction is not None:
-        budget = int(_free_memory_bytes(device) * config.mem_fraction)
+        free = max(_free_memory_bytes(device) - pending_bytes, 0)
+        budget = int(free * config.mem_fraction)
     budget = budget or DEFAULT_KV_MEMORY
     window_cache = 0
     if prefix_cache and layout.sliding_layers:

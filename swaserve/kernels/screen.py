@@ -101,6 +101,15 @@ class HeadScreen:
     def built(self) -> bool:
         return self._copy is not None
 
+    @property
+    def pending_bytes(self) -> int:
+        """What the copy will take once built (0 once built, or after a failed build): the
+        memory planner leaves it out of the KV budget it takes from free memory."""
+        if self._copy is not None or self._failed:
+            return 0
+        n, k = self.head.shape
+        return n * k + n * (len(self.edges) - 1) * 2 * 4 + k * 4
+
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
         """int64 [M]: each row's argmax of x @ W.T exactly as q8_dpbf16 gives it (its
         float32 sums, ties to the first column); None where the caller should take it

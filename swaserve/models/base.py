@@ -164,6 +164,12 @@ class CausalLM(nn.Module):
                     w.int8_activations = int8_activations
                     layer.q8[name] = w
 
+    @property
+    def pending_bytes(self) -> int:
+        """Memory the model will allocate after loading (the LM head screen's copy, made at
+        the first large greedy step)."""
+        return self.head_screen.pending_bytes if self.head_screen is not None else 0
+
     def same_numerics_rows(self, m: int) -> int:
         """The most rows a decode step of m rows may grow to with speculative drafts and
         still multiply each row with the kernel it takes without them (q8.same_kernel_rows)."""

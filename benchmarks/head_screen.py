@@ -1,6 +1,7 @@
 """Greedy decode steps with the LM head's int8 screen on and off, alternating in one engine
 (bundled Gemma 3 270M, bf16): the median step at each batch size, the ratio, and whether
-both gave the same tokens. Then the head alone on the engine's own final hidden states:
+both gave the same tokens. Then steps where every other row samples, the greedy rows'
+tokens split from the others' logits or not. Then the head alone on the engine's own final hidden states:
 q8_dpbf16's argmaxes against the screen's (kernel and exact rescoring), and the rows'
 candidate counts.
 
@@ -23,14 +24,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from roofline import log, median_time  # noqa: E402
 
 
-def decode_steps(eng, batch: int, steps: int, prompt_len: int) -> tuple[float, list[list[int]]]:
-    """(the median of `steps` decode steps at `batch` rows, each row's tokens)."""
+def decode_steps(eng, batch: int, steps: int, prompt_len: int, mixed: bool = False
+                 ) -> tuple[float, list[list[int]]]:
+    """(the median of `steps` decode steps at `batch` rows, each row's tokens); with
+    `mixed`, every other row samples (temperature 0.8, seeded)."""
     from swaserve.sampling.params import SamplingParams
 
     reqs = []
     for i in range(batch):
         ids = [2] + [(7 * i + 13 * j) % 20000 + 300 for j in range(prompt_len - 1)]
-        reqs += eng.add_request(ids, SamplingParams(temperature=0, max_tokens=steps + 2 * batch,
+        sample = {"temperature": 0.8, "seed": i} if mixed and i % 2 else {"temperature": 0}
+        reqs += eng.add_request(ids, SamplingParams(**sample, max_tokens=steps + 2 * batch,
                                                     ignore_eos=True))
     while any(not r.output_token_ids for r in reqs):
         eng.step()
@@ -88,7 +92,31 @@ def main() -> None:
         a, b = statistics.median(on), statistics.median(off)
         print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {same} |", flush=True)
 
+    mixed_steps(eng, args)
     head_alone(eng, screen, args.batches, args.prompt_len)
+
+
+def mixed_steps(eng, args) -> None:
+    """Steps where half the rows sample: the greedy half's tokens from the screen beside
+    the other half's logits (SplitLogits), against every row's logits."""
+    model = eng.model
+    print("\nmixed steps (every other row samples), median ms")
+    print("| batch | split | every row's logits | ratio | same tokens |")
+    print("|---|---|---|---|---|")
+    for batch in args.batches:
+        on, off, same = [], [], True
+        for _ in range(args.pairs):
+            tokens = []
+            for split, times in ((True, on), (False, off)):
+                if not split:
+                    model._split_head = lambda x, ctx: None  # the whole head, every row
+                t, run_tokens = decode_steps(eng, batch, args.steps, args.prompt_len, True)
+                model.__dict__.pop("_split_head", None)
+                times.append(t)
+                tokens.append(run_tokens)
+            same &= tokens[0] == tokens[1]
+        a, b = statistics.median(on), statistics.median(off)
+        print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {same} |", flush=True)
 
 
 def head_alone(eng, screen, batches: list[int], prompt_len: int) -> None:

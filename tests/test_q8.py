@@ -625,6 +625,61 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     assert taken and max(taken) < 9  # only the steps after the sampled row finished
 
 
+def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_path,
+                                                                             monkeypatch):
+    """A bf16 engine with an int8 LM head, a batch mixing plain greedy rows with seeded
+    sampling, top-k and logprob rows (9 rows shrinking to 1): the greedy rows' tokens come
+    from the head's argmaxes and the others' from their own logits (SplitLogits), each on
+    the kernel the whole step's head would take, so every request's tokens and logprobs
+    are those of the path that computes every row's logits (taken when logits are
+    logged)."""
+    from conftest import HYBRID, random_prompt, write_tiny_gemma3
+
+    from swaserve.engine.engine import Engine
+    from swaserve.models.base import CausalLM
+    from swaserve.sampling.params import SamplingParams
+
+    if q8.tile_kernel(9) is None:
+        pytest.skip("no int8 tile kernel takes 9 decode rows here")
+    write_tiny_gemma3(tmp_path, HYBRID, seed=9)
+    eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256,
+                 prefix_cache=False)
+    head = eng.model.embed.float()
+    scales = head.view(128, 1, 32).abs().amax(-1) / 127
+    eng.model.use_q8({"lm_head": q8.Q8Weight(torch.round(head / scales).to(torch.int8),
+                                             scales).to_tiles()})
+    # past 4 rows another kernel than q8_vnni: a part of a step (3 greedy, 6 other rows)
+    # on the kernel its own row count picks would round as the whole step's does not
+    eng.model.lm_head_q8.vnni_limit = 4
+    splits = []
+    real = CausalLM._split_head
+
+    def split_head(self, x, ctx):
+        out = real(self, x, ctx)
+        if out is not None:
+            splits.append((len(out.greedy), x.shape[0]))
+        return out
+
+    monkeypatch.setattr(CausalLM, "_split_head", split_head)
+    kinds = [dict(temperature=0), dict(temperature=0.8, seed=5),
+             dict(temperature=1.0, top_k=4, seed=6), dict(temperature=0, logprobs=3)]
+    params = [SamplingParams(**kinds[i % 4], max_tokens=4 + 2 * i, ignore_eos=True)
+              for i in range(9)]
+    prompts = [random_prompt(5 + 3 * i, i) for i in range(9)]
+
+    def run(log: bool):
+        eng.logits_log = [] if log else None
+        reqs = [eng.add_request(p, q)[0] for p, q in zip(prompts, params)]
+        while eng.has_unfinished():
+            eng.step()
+        return [(r.output_token_ids, r.logprobs) for r in reqs]
+
+    fast = run(False)
+    assert (3, 9) in splits  # rows 0, 4, 8 greedy beside 6 that are not
+    splits.clear()
+    assert run(True) == fast and not splits
+
+
 @pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI here")
 @pytest.mark.parametrize("kind", ["Q5_0", "Q4_K", "Q8_0", "Q6_K"])
 def test_vnni_reads_q5_0_and_q4_k_packed_with_the_same_bits(kind):

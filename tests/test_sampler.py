@@ -296,3 +296,35 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch):
         nucleus.append(int((pr.cumsum(0) - pr < p.top_p).sum()))
     assert sum(1024 < n <= 3000 for n in nucleus[:6]) >= 2, nucleus  # the wide tier ran
     assert sorts == [2]  # only the two flat rows sorted the vocabulary
+
+
+def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
+    """A step whose greedy rows come as argmaxes beside the other rows' logits (SplitLogits,
+    the LM head's split) samples every row as whole logits would: the same tokens, the
+    same logprobs on the same rows; the row-by-row retry's one-row slices too; argmaxes
+    for a row that samples are refused."""
+    from swaserve.models.context import SplitLogits
+
+    logits = fixed_logits(6, seed=11)
+    rows = [row(SamplingParams(temperature=0)),
+            row(SamplingParams(temperature=0.7, seed=3)),
+            row(SamplingParams(temperature=0)),
+            row(SamplingParams(temperature=0.9, top_k=5, logprobs=3, seed=4)),
+            row(SamplingParams(temperature=0, logprobs=2)),
+            row(SamplingParams(temperature=0))]
+    greedy = [0, 2, 5]
+    others = [1, 3, 4]
+    split = SplitLogits(logits[others].clone(), logits[greedy].argmax(-1), greedy)
+    assert split.shape == (6, V) and split.others == others
+    whole = Sampler(V, torch.device("cpu"), 0)(logits.clone(), rows)
+    got = Sampler(V, torch.device("cpu"), 0)(split, rows)
+    assert torch.equal(got.tokens, whole.tokens)
+    assert got.logprob_rows == whole.logprob_rows == [3, 4]
+    assert torch.equal(got.chosen_logprob, whole.chosen_logprob)
+    assert torch.equal(got.top_ids, whole.top_ids)
+    s = Sampler(V, torch.device("cpu"), 0)
+    for j in range(6):
+        one = s(split[j:j + 1], rows[j:j + 1])
+        assert one.tokens.tolist() == [whole.tokens[j].item()]
+    with pytest.raises(ValueError, match="argmaxes for rows that sample"):
+        s(SplitLogits(logits[[0]], logits[[1]].argmax(-1), [1]), rows[:2])

@@ -425,9 +425,13 @@ class Engine:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
         rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
-        # a greedy batch needs no logits, only their argmaxes (the LM head can give those)
-        prepared.ctx.argmax_only = (self.logits_log is None and len(owners) == len(
-            prepared.ctx.logits_indices) and all(plain_greedy(r) for r in rows))
+        # a greedy row needs no logits, only their argmax (the LM head can give those): the
+        # whole batch, or its greedy rows beside rows that sample
+        greedy = [i for i, r in enumerate(rows) if plain_greedy(r)]
+        if self.logits_log is None and len(owners) == len(prepared.ctx.logits_indices):
+            prepared.ctx.argmax_only = len(greedy) == len(rows)
+            if 0 < len(greedy) < len(rows):
+                prepared.ctx.argmax_rows = greedy
         for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
             s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1

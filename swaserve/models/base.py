@@ -20,7 +20,7 @@ from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
 from swaserve.kernels.screen import HeadScreen
 from swaserve.models.attention import AttentionBackend, SDPABackend
-from swaserve.models.context import Argmaxes, ForwardContext
+from swaserve.models.context import Argmaxes, ForwardContext, SplitLogits
 from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
@@ -243,24 +243,23 @@ class CausalLM(nn.Module):
         return self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
 
     @timed("lm head")
-    def _head(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | Argmaxes | None:
+    def _head(self, x: torch.Tensor, ctx: ForwardContext
+              ) -> torch.Tensor | Argmaxes | SplitLogits | None:
         """Logits of final-normed hidden rows (soft-capped where the family caps them);
         under tensor parallelism rank 0 gets all of them and the other ranks None. With
-        `ctx.argmax_only`, their argmaxes where an int8 head's tile kernel takes the rows."""
+        `ctx.argmax_only`, their argmaxes where an int8 head's tile kernel takes the rows;
+        with `ctx.argmax_rows`, those rows' argmaxes and the others' logits (SplitLogits)."""
         logits = None
-        if (ctx.argmax_only and self.lm_head_q8 is not None and self.tp is None
-                and not self.cfg.final_logit_softcapping):
-            tokens = None
-            if self.head_screen is not None and self.head_screen.takes(x, ctx.q8_kernel):
-                try:
-                    tokens = self.head_screen.argmax(x)
-                except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
-                    log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
-                    self.head_screen = None
-            if tokens is None:
-                tokens = self.lm_head_q8.argmax(x, ctx.q8_kernel)
+        argmaxes = (self.lm_head_q8 is not None and self.tp is None
+                    and not self.cfg.final_logit_softcapping)
+        if argmaxes and ctx.argmax_only:
+            tokens = self._greedy_tokens(x, ctx.q8_kernel)
             if tokens is not None:
                 return Argmaxes(tokens, self.lm_head_q8.shape[0])
+        if argmaxes and ctx.argmax_rows:
+            split = self._split_head(x, ctx)
+            if split is not None:
+                return split
         if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
             logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
                                             kernel=ctx.q8_kernel)
@@ -271,6 +270,36 @@ class CausalLM(nn.Module):
             cap = self.cfg.final_logit_softcapping
             logits = torch.tanh(logits.float() / cap) * cap
         return logits if self.tp is None else self.tp.gather_logits(logits)
+
+    def _greedy_tokens(self, x: torch.Tensor, kernel: str | None) -> torch.Tensor | None:
+        """The argmaxes of x's rows from the int8 head's tile kernel `kernel` (as `matmul`
+        picks it; through the screen where that is q8_dpbf16): the same tokens as its sums';
+        None where no tile kernel takes the rows or a sum is NaN."""
+        if self.head_screen is not None and self.head_screen.takes(x, kernel):
+            try:
+                tokens = self.head_screen.argmax(x)
+                if tokens is not None:
+                    return tokens
+            except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
+                log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
+                self.head_screen = None
+        return self.lm_head_q8.argmax(x, kernel)
+
+    def _split_head(self, x: torch.Tensor, ctx: ForwardContext) -> SplitLogits | None:
+        """`ctx.argmax_rows`' argmaxes and the other rows' logits, each on the kernel the
+        head's matmul takes for all the step's rows; None where the head would not run
+        them on a tile kernel (the caller computes every row's logits then)."""
+        head = self.lm_head_q8
+        kernel = head.kernel_for(x.shape[0], ctx.q8_kernel, any_rows=True)
+        if kernel is None or not head.takes(x, ctx.q8_kernel):
+            return None
+        greedy = ctx.argmax_rows
+        others = sorted(set(range(x.shape[0])) - set(greedy))
+        tokens = self._greedy_tokens(x[greedy], kernel)
+        if tokens is None:
+            return None
+        logits = head.matmul(x[others], out=self._logits_buffer(len(others)), kernel=kernel)
+        return None if logits is None else SplitLogits(logits, tokens, greedy)
 
     @timed("prompt scoring")
     def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:

@@ -89,6 +89,9 @@ class ForwardContext:
     # every sampled row is plain greedy (no edits, no logprobs), one row per logits row:
     # the model may return their argmaxes (Argmaxes, below) for the logits
     argmax_only: bool = False
+    # some rows are plain greedy and some are not, one row per logits row: the greedy ones
+    # (logits rows, increasing); the model may return SplitLogits (below) for the logits
+    argmax_rows: list[int] | None = None
 
 
 @dataclass
@@ -106,3 +109,33 @@ class Argmaxes:
 
     def __getitem__(self, rows) -> Argmaxes:
         return Argmaxes(self.tokens[rows], self.vocab)
+
+
+@dataclass
+class SplitLogits:
+    """Stands in for a step's logits when some rows are plain greedy and others are not
+    (`ForwardContext.argmax_rows`): the greedy rows' argmaxes and the other rows' logits,
+    each computed as the head computes the whole step's rows (the same kernel), so that
+    every row gets the token (and logprobs) full logits would give it."""
+
+    logits: torch.Tensor  # [rows - len(greedy), V]: the other rows' logits, in row order
+    tokens: torch.Tensor  # int64 [len(greedy)]: the greedy rows' argmaxes
+    greedy: list[int]  # the greedy rows, increasing
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.logits.shape[0] + len(self.greedy), self.logits.shape[1])
+
+    @property
+    def others(self) -> list[int]:
+        greedy = set(self.greedy)
+        return [i for i in range(self.shape[0]) if i not in greedy]
+
+    def __getitem__(self, rows: slice) -> SplitLogits:
+        """The rows of a slice (the sampler's row-by-row retry takes them one at a time)."""
+        picked = range(self.shape[0])[rows]
+        where = {r: j for j, r in enumerate(self.greedy)}
+        others = {r: j for j, r in enumerate(self.others)}
+        g = [i for i, r in enumerate(picked) if r in where]
+        o = [others[r] for r in picked if r in others]
+        return SplitLogits(self.logits[o], self.tokens[[where[picked[i]] for i in g]], g)

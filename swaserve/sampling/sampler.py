@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swaserve.models.context import Argmaxes
+from swaserve.models.context import Argmaxes, SplitLogits
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 
@@ -243,12 +243,31 @@ class Sampler:
             out[u] = -torch.log(e)
         return out
 
+    def _split(self, logits: SplitLogits, rows: list[SamplerRow]) -> SamplerOutput:
+        """The greedy rows' tokens as the model gave them, the others sampled from their
+        logits; logprob rows and failures indexed by the step's rows."""
+        if len(rows) != logits.shape[0] or not all(plain_greedy(rows[i]) for i in logits.greedy):
+            raise ValueError("the model returned argmaxes for rows that sample")
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+        tokens[logits.greedy] = logits.tokens.to(self.device)
+        others = logits.others
+        if not others:
+            return SamplerOutput(tokens, None, None, None, [])
+        out = self(logits.logits, [rows[i] for i in others])
+        tokens[others] = out.tokens
+        return SamplerOutput(tokens, out.chosen_logprob, out.top_logprobs, out.top_ids,
+                             [others[i] for i in out.logprob_rows],
+                             {others[i]: e for i, e in out.failed.items()})
+
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor | Argmaxes, rows: list[SamplerRow]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor | Argmaxes | SplitLogits, rows: list[SamplerRow]
+                 ) -> SamplerOutput:
         if isinstance(logits, Argmaxes):
             if not all(plain_greedy(r) for r in rows):
                 raise ValueError("the model returned argmaxes for rows that sample")
             return SamplerOutput(logits.tokens, None, None, None, [])
+        if isinstance(logits, SplitLogits):
+            return self._split(logits, rows)
         if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         st = SamplingTensors.build(rows, self.vocab, self.device)

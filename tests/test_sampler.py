@@ -222,20 +222,56 @@ def test_unknown_token_in_logit_bias_rejected():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_seeded_temperature_rows_prune_exactly(backend):
-    """The pruned Gumbel-max of seeded temperature-only rows equals hashing every id."""
-    logits = fixed_logits(6, seed=21) * 4
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_seeded_temperature_rows_prune_exactly(backend, dtype):
+    """The pruned Gumbel-max of seeded temperature-only rows equals hashing every id (the
+    candidates are found on the logits, in their own dtype, against the bound times the
+    temperature); rows at 0.3 to 2.0, some sharing a logit row."""
+    logits = (fixed_logits(6, seed=21) * 4).to(dtype)
     s = make_sampler(backend)
     rows = [row(SamplingParams(temperature=t, seed=100 + i), pos=5 + i)
             for i, t in enumerate((0.3, 0.7, 1.0, 1.0, 1.5, 2.0))]
     got = s(logits.clone(), rows).tokens
-    ids = torch.arange(V)
     for i, r in enumerate(rows):
-        lo, hi = murmur.split_seed(r.seed)
-        prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
-        g = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
-        want = ((logits[i] / r.params.temperature).double() + g).argmax()
-        assert got[i].item() == want.item()
+        assert got[i].item() == _hashed_reference(logits[i], r)
+
+
+def _hashed_reference(logits_row: torch.Tensor, r) -> int:
+    """The token of a keyed temperature-only row, hashing every id."""
+    lo, hi = murmur.split_seed(r.seed)
+    prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
+    g = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, torch.arange(len(logits_row))))[0]
+    return ((logits_row.float() / r.params.temperature).double() + g).argmax().item()
+
+
+def test_unseeded_rows_draw_a_seed_and_sample_as_seeded_rows():
+    """A row that samples without a seed takes one from the sampler's generator (one draw
+    a row; greedy rows none) and is then a seeded row: its token is the hashed reference
+    with that seed. Over many draws a temperature-only row follows softmax(x / T)."""
+    import dataclasses
+
+    logits = fixed_logits(4, seed=5) * 2
+    rows = [row(SamplingParams(temperature=0.9), pos=7), row(SamplingParams(temperature=0)),
+            row(SamplingParams(temperature=1.3), pos=9), row(SamplingParams(temperature=0.5))]
+    s = make_sampler("torch", seed=123)
+    got = s(logits.clone(), rows).tokens
+    seeds = torch.randint(0, 2**62, (3,), generator=torch.Generator().manual_seed(123)).tolist()
+    for i, seed in zip((0, 2, 3), seeds):
+        assert got[i].item() == _hashed_reference(logits[i], dataclasses.replace(rows[i], seed=seed))
+    assert got[1].item() == logits[1].argmax().item()
+    # the distribution: 4,000 rows of one peaked row at T = 0.7, 6 calls
+    x = torch.full((V,), -30.0)
+    x[:6] = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5])
+    probs = torch.softmax(x / 0.7, -1)[:6].double()
+    counts = torch.zeros(6, dtype=torch.float64)
+    many = [row(SamplingParams(temperature=0.7), pos=3)] * 4000
+    for _ in range(6):
+        t = s(x.expand(len(many), V).contiguous(), many).tokens
+        assert int(t.max()) < 6
+        counts += torch.bincount(t, minlength=6).double()
+    exp = probs / probs.sum() * counts.sum()
+    chi2 = (((counts - exp) ** 2) / exp).sum().item()
+    assert chi2 < 5 + 3.1 * math.sqrt(10) + 10, (chi2, counts.tolist())
 
 
 def _sorted_reference(logits_row: torch.Tensor, p: SamplingParams, r) -> int:

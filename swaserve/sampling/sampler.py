@@ -12,6 +12,7 @@ seeded row because its noise is keyed by vocabulary id (murmur.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -227,21 +228,25 @@ class Sampler:
         return torch.tensor(idx, dtype=torch.int64, device=self.device)
 
     def _noise(self, st: SamplingTensors, rows: list[int], token_ids: torch.Tensor) -> torch.Tensor:
-        """Gumbel noise (float64) for `rows` at vocabulary ids `token_ids` ([R, N] or [N])."""
+        """Gumbel noise (float64) for `rows` (keyed, `_keyed`) at vocabulary ids `token_ids`
+        ([R, N] or [N])."""
         rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        shape = (len(rows), token_ids.shape[-1])
-        out = torch.empty(shape, dtype=torch.float64, device=self.device)
-        seeded = st.seeded[rows_t]
-        if bool(seeded.any()):
-            s = seeded.nonzero().flatten()
-            ids = token_ids[s] if token_ids.dim() == 2 else token_ids
-            out[s] = murmur.gumbel_from_hash(murmur.murmur_hash(st.prefix[rows_t[s]], ids))
-        if not bool(seeded.all()):
-            u = (~seeded).nonzero().flatten()
-            e = torch.empty((len(u), shape[1]), dtype=torch.float64, device=self.device)
-            e.exponential_(generator=self.generator)
-            out[u] = -torch.log(e)
-        return out
+        return murmur.gumbel_from_hash(murmur.murmur_hash(st.prefix[rows_t], token_ids))
+
+    def _keyed(self, rows: list[SamplerRow]) -> list[SamplerRow]:
+        """Rows that sample without a seed get a fresh one from the sampler's generator, so
+        every sampling row's noise is keyed by vocabulary id: a temperature-only row hashes
+        only the tokens that can win (`_seeded_gumbel_max`) where float64 exponential noise
+        for all 262,144 ids took ~11 ms a row; the same draws as the MLX sampler. Greedy
+        rows consume no randomness."""
+        free = [i for i, r in enumerate(rows) if r.seed is None and not r.params.greedy]
+        if not free:
+            return rows
+        fresh = torch.randint(0, 2**62, (len(free),), generator=self.generator).tolist()
+        rows = list(rows)
+        for i, seed in zip(free, fresh):
+            rows[i] = dataclasses.replace(rows[i], seed=seed)
+        return rows
 
     def _split(self, logits: SplitLogits, rows: list[SamplerRow]) -> SamplerOutput:
         """The greedy rows' tokens as the model gave them, the others sampled from their
@@ -270,14 +275,14 @@ class Sampler:
             return self._split(logits, rows)
         if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
+        rows = self._keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
         # filtering rows with top_k above the bound need their whole row in float32
         wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K]
-        # Only rows that are edited, sampled over the whole vocabulary or asked for logprobs
-        # get a float32 copy; the others are read in the model dtype, which is exact: the
-        # widening is monotone and a positive temperature does not reorder a row.
-        wide = sorted(set(st.edited_rows) | set(st.temp_rows) | set(st.logprob_rows)
-                      | set(wide_filter))
+        # Only rows that are edited, asked for logprobs or filtered past the bound get a
+        # float32 copy; the others are read in the model dtype, which is exact: the widening
+        # is monotone and a positive temperature does not reorder a row.
+        wide = sorted(set(st.edited_rows) | set(st.logprob_rows) | set(wide_filter))
         pos = {r: j for j, r in enumerate(wide)}
         fl = logits.index_select(0, self._index(wide)).float() if wide else None
         if st.bias_index is not None:
@@ -303,14 +308,16 @@ class Sampler:
         wide_greedy = [i for i in st.greedy_rows if i in pos]
         if wide_greedy:
             tokens[wide_greedy] = _argmax(fl.index_select(0, self._index([pos[i] for i in wide_greedy])))
-        if st.temp_rows:
-            seeded = [i for i in st.temp_rows if rows[i].seed is not None]
-            if seeded:
-                tokens[seeded] = self._seeded_gumbel_max(scaled(seeded).double(), st, seeded)
-            free = [i for i in st.temp_rows if rows[i].seed is None]
-            if free:
-                ids = torch.arange(self.vocab, device=self.device)
-                tokens[free] = _argmax(scaled(free).double() + self._noise(st, free, ids))
+        if st.temp_rows:  # every one keyed (`_keyed`): hashing only the tokens that can win
+            edited = [i for i in st.temp_rows if i in pos]
+            if edited:
+                tokens[edited] = self._seeded_gumbel_max(
+                    fl.index_select(0, self._index([pos[i] for i in edited])), st, edited)
+            raw = [i for i in st.temp_rows if i not in pos]
+            if raw:
+                src = logits if raw == list(range(len(rows))) else logits.index_select(
+                    0, self._index(raw))
+                tokens[raw] = self._seeded_gumbel_max(src, st, raw)
         if st.filter_rows:
             tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st)
         out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
@@ -321,19 +328,29 @@ class Sampler:
                 out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
         return out
 
-    def _seeded_gumbel_max(self, x: torch.Tensor, st: SamplingTensors, idx: list[int]) -> torch.Tensor:
-        """argmax(x + g) over the whole vocabulary for seeded rows, hashing only the tokens
-        that can win. Noise never exceeds NOISE_MAX (the u = 1 clamp), so a token whose scaled
-        logit is below (x[a] + g[a]) - NOISE_MAX for any token a cannot beat a; with a = the
-        argmax this keeps a few hundred ids instead of the whole vocabulary. Exact: same
-        token as hashing every id, ties to the smallest id like argmax."""
+    def _seeded_gumbel_max(self, logits: torch.Tensor, st: SamplingTensors, idx: list[int]
+                           ) -> torch.Tensor:
+        """argmax(x + g) over the whole vocabulary for keyed rows `idx` (their logits [R, V],
+        edited where edited; x = float64(float32(logits) / temperature)), hashing only the
+        tokens that can win. Noise never exceeds NOISE_MAX (the u = 1 clamp), so a token
+        whose x is below (x[a] + g[a]) - NOISE_MAX for any token a cannot beat a; with a =
+        the largest logit this keeps a few hundred ids instead of the whole vocabulary.
+        The candidates are found on the logits themselves, against that bound times the
+        temperature less a margin (2^-20 of it, past float32's rounding of x), so x is only
+        computed for them. Exact: the same token as hashing every id, ties to the smallest
+        id like argmax."""
         rows_t = torch.tensor(idx, dtype=torch.int64, device=self.device)
         prefix = st.prefix[rows_t]
-        top = _argmax(x)
+        temp = st.temperature[rows_t]
+        top = _argmax(logits)  # a largest x too: dividing by a temperature keeps the order
         g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top[:, None]))[:, 0]
-        bound = x.gather(1, top[:, None])[:, 0] + g_top - murmur.NOISE_MAX
-        r, t = (x >= bound[:, None]).nonzero(as_tuple=True)
-        score = x[r, t] + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
+        x_top = (logits.gather(1, top[:, None])[:, 0].float() / temp).double()
+        bound = x_top + g_top - murmur.NOISE_MAX
+        margin = (bound.abs() + 1) * 2.0**-20
+        r, t = (logits >= ((bound - margin) * temp.double()).float()[:, None]).nonzero(
+            as_tuple=True)
+        x = (logits[r, t].float() / temp[r]).double()
+        score = x + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
         best = torch.full((len(idx),), float("-inf"), dtype=torch.float64, device=self.device)
         best = best.scatter_reduce(0, r, score, "amax")
         win = score == best[r]

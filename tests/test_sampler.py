@@ -364,3 +364,36 @@ def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
         assert one.tokens.tolist() == [whole.tokens[j].item()]
     with pytest.raises(ValueError, match="argmaxes for rows that sample"):
         s(SplitLogits(logits[[0]], logits[[1]].argmax(-1), [1]), rows[:2])
+
+
+def test_gumbel_candidates_are_the_ids_that_can_win_hashed_as_murmur_does(monkeypatch):
+    """The C pass keeps an id when best - x is at most GUMBEL_LOW, or at most NOISE_MAX with
+    a hash whose noise can pass GUMBEL_LOW: exactly that set, with murmur.py's hash (so
+    the C hash is the torch one), holding every id whose exact score reaches `best`; a row
+    with more than the cap gives None (the caller's own path)."""
+    from swaserve.kernels import build, gumbel
+
+    if gumbel.entry() is None:
+        pytest.skip("no C compiler for the kernel")
+    low = build.constants()["GUMBEL_LOW"]
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 20000, generator=g) * 3
+    temp = torch.tensor([0.4, 1.0, 1.0, 1.7, 3.0])
+    prefix = murmur.row_prefix(torch.arange(5) * 77, torch.arange(5), torch.arange(5) + 9)
+    ids = torch.arange(logits.shape[1])
+    hashes = murmur.murmur_hash(prefix, ids)
+    x = (logits / temp[:, None]).double()
+    score = x + murmur.gumbel_from_hash(hashes)
+    best = score.max(-1).values - torch.tensor([0.0, 0.0, 3.0, 0.0, 0.0], dtype=torch.float64)
+    r, t = gumbel.candidates(logits, temp, best, prefix)
+    got = torch.zeros_like(logits, dtype=torch.bool)
+    got[r, t] = True
+    d = best[:, None] - x
+    high = math.floor(math.exp(-math.exp(-low)) * 4294967295.0) - 64
+    want = (d <= low) | ((d <= murmur.NOISE_MAX) & (hashes >= high))
+    assert torch.equal(got, want)
+    assert got[score >= best[:, None]].all()  # every id that can win
+    assert int(got.sum()) < int((d <= murmur.NOISE_MAX).sum()) // 10
+    monkeypatch.setattr(gumbel, "CAP_PER_ROW", 2)
+    assert gumbel.candidates(logits, temp, best, prefix) is None
+    assert gumbel.candidates(logits.double(), temp, best, prefix) is None

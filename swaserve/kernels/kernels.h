@@ -90,6 +90,13 @@ void qk_norm_rope_bf16(const uint16_t *qkv, int64_t ld, const float *qw, const f
 void gelu_tanh_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t d, int64_t ld,
                         int threads);
 
+/* gumbel.c: the ids of keyed rows that could win their Gumbel-max (sampler.py); a noise
+   past GUMBEL_LOW is one hash in ~3,000 */
+#define GUMBEL_LOW 8
+int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const float *temp,
+                      const double *best, const int64_t *prefix, int64_t cap, int64_t *out_tok,
+                      int64_t *count, int threads);
+
 /* decode.c: a decode step's layers in one call (its structs are defined there) */
 struct decode_fns;
 struct decode_layer;

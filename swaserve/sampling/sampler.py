@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swaserve.kernels import gumbel
 from swaserve.models.context import Argmaxes, SplitLogits
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
@@ -345,10 +346,14 @@ class Sampler:
         top = _argmax(logits)  # a largest x too: dividing by a temperature keeps the order
         g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top[:, None]))[:, 0]
         x_top = (logits.gather(1, top[:, None])[:, 0].float() / temp).double()
-        bound = x_top + g_top - murmur.NOISE_MAX
-        margin = (bound.abs() + 1) * 2.0**-20
-        r, t = (logits >= ((bound - margin) * temp.double()).float()[:, None]).nonzero(
-            as_tuple=True)
+        found = gumbel.candidates(logits, temp, x_top + g_top, prefix)
+        if found is not None:
+            r, t = found
+        else:
+            bound = x_top + g_top - murmur.NOISE_MAX
+            margin = (bound.abs() + 1) * 2.0**-20
+            r, t = (logits >= ((bound - margin) * temp.double()).float()[:, None]).nonzero(
+                as_tuple=True)
         x = (logits[r, t].float() / temp[r]).double()
         score = x + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
         best = torch.full((len(idx),), float("-inf"), dtype=torch.float64, device=self.device)

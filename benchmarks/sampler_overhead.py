@@ -8,7 +8,9 @@ Mixes (docs/architecture.md, Sampling; issue 3): half top-p 0.9 + top-k 50, a qu
 seed set), a quarter greedy. "seeded-temp" makes the seeded quarter temperature-only, which
 hashes the whole vocabulary for those rows. "full-path" gives one filtering row top_k=2000,
 so every filtering row goes through the sorted vocabulary. "nucleus" is every row at T=1,
-top-p 0.95 (the OpenAI default-like chat setting): nuclei past 1,024 candidates.
+top-p 0.95 (the OpenAI default-like chat setting): nuclei past 1,024 candidates. "T=1, no
+seed" is the OpenAI API's defaults (temperature 1, top_p 1, no seed); "half greedy" puts
+plain greedy rows beside them (their tokens from the LM head's argmaxes, SplitLogits).
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ def mixes(b: int) -> dict[str, list[SamplingParams]]:
     full[0] = SamplingParams(temperature=0.8, top_k=2000, top_p=0.9, max_tokens=10**4, ignore_eos=True)
     nucleus = [SamplingParams(temperature=1.0, top_p=0.95, seed=3000 + i, max_tokens=10**4,
                               ignore_eos=True) for i in range(b)]
+    # the OpenAI API's defaults: temperature 1, top_p 1, no seed
+    default = [SamplingParams(temperature=1.0, max_tokens=10**4, ignore_eos=True)
+               for _ in range(b)]
+    half_greedy = [default[i] if i % 2 else greedy[i] for i in range(b)]
     return {"all-greedy": greedy, "mixed (bounded path)": mixed, "mixed, seeded-temp": seeded_temp,
-            "mixed (full path)": full, "nucleus (T=1, top-p .95)": nucleus}
+            "mixed (full path)": full, "nucleus (T=1, top-p .95)": nucleus,
+            "T=1, no seed": default, "half greedy, half T=1": half_greedy}
 
 
 def run(llm: LLM, params: list[SamplingParams], steps: int, prompts) -> tuple[float, float]:
@@ -72,9 +79,9 @@ def main() -> int:
         print(f"[sampler] {name} ...", file=sys.stderr, flush=True)
         results[name] = run(llm, params, args.steps, prompts)
     base_step, base_sample = results["all-greedy"]
-    print(f"{'mix':24}{'step ms':>10}{'sampler ms':>12}{'overhead vs greedy':>20}")
+    print(f"{'mix':26}{'step ms':>10}{'sampler ms':>12}{'overhead vs greedy':>20}")
     for name, (step, sample) in results.items():
-        print(f"{name:24}{step * 1e3:10.1f}{sample * 1e3:12.1f}{(step - base_step) / base_step:19.1%}")
+        print(f"{name:26}{step * 1e3:10.1f}{sample * 1e3:12.1f}{(step - base_step) / base_step:19.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps({k: {"step_s": v[0], "sampler_s": v[1]}
                                                for k, v in results.items()}, indent=2))

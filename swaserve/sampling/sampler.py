@@ -4,10 +4,12 @@ Order for each row (docs/architecture.md, Contracts: Sampling):
 float32 logits -> + additive edit row (logit_bias; grammar masks join here as 0 / -inf rows)
 -> penalties -> / temperature -> logprobs read here -> top-k / top-p / min-p -> Gumbel-max.
 
-Greedy rows take the exact argmax and consume no randomness. Temperature-only rows skip the
-sort. Filtering rows work on `[B, K_max]` candidates from one `topk` when every one of them
-has top_k <= BOUNDED_TOP_K, else on the sorted vocabulary; both pick the same token for a
-seeded row because its noise is keyed by vocabulary id (murmur.py).
+Greedy rows take the exact argmax and consume no randomness; a row that samples without a
+seed draws one from the sampler's generator and is keyed like a seeded row. Temperature-only
+rows skip the sort and hash only the ids that can win. Filtering rows work on `[B, K_max]`
+candidates from one `topk` when every one of them has top_k <= BOUNDED_TOP_K, else on the
+sorted vocabulary; both pick the same token for a seeded row because its noise is keyed by
+vocabulary id (murmur.py).
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ class SamplingTensors:
     top_k: torch.Tensor  # int64 [B], V for "all"
     top_p: torch.Tensor  # float32 [B]
     min_p: torch.Tensor  # float32 [B]
-    seeded: torch.Tensor  # bool [B]
     prefix: torch.Tensor  # int64 [B] murmur state after (seed_lo, seed_hi, pos)
     filter_rows: list[int]
     temp_rows: list[int]
@@ -86,7 +87,7 @@ class SamplingTensors:
             greedy=t(greedy, torch.bool), temperature=t(temps, torch.float32),
             top_k=t(top_k, torch.int64), top_p=t([float(r.params.top_p) for r in rows], torch.float32),
             min_p=t([float(r.params.min_p) for r in rows], torch.float32),
-            seeded=t([r.seed is not None for r in rows], torch.bool), prefix=prefix,
+            prefix=prefix,
             filter_rows=[i for i in range(b) if filtering[i]],
             temp_rows=[i for i in range(b) if not greedy[i] and not filtering[i]],
             greedy_rows=[i for i in range(b) if greedy[i]],
@@ -335,11 +336,12 @@ class Sampler:
         edited where edited; x = float64(float32(logits) / temperature)), hashing only the
         tokens that can win. Noise never exceeds NOISE_MAX (the u = 1 clamp), so a token
         whose x is below (x[a] + g[a]) - NOISE_MAX for any token a cannot beat a; with a =
-        the largest logit this keeps a few hundred ids instead of the whole vocabulary.
-        The candidates are found on the logits themselves, against that bound times the
-        temperature less a margin (2^-20 of it, past float32's rounding of x), so x is only
-        computed for them. Exact: the same token as hashing every id, ties to the smallest
-        id like argmax."""
+        the largest logit this keeps a few hundred ids instead of the whole vocabulary, and
+        kernels/gumbel.c (float32 logits) those few of them whose hash can carry them to
+        that score. Otherwise the candidates are found on the logits themselves, against
+        the bound times the temperature less a margin (2^-20 of it, past float32's rounding
+        of x). x is only computed for the candidates. Exact: the same token as hashing every
+        id, ties to the smallest id like argmax."""
         rows_t = torch.tensor(idx, dtype=torch.int64, device=self.device)
         prefix = st.prefix[rows_t]
         temp = st.temperature[rows_t]

@@ -397,3 +397,33 @@ def test_gumbel_candidates_are_the_ids_that_can_win_hashed_as_murmur_does(monkey
     monkeypatch.setattr(gumbel, "CAP_PER_ROW", 2)
     assert gumbel.candidates(logits, temp, best, prefix) is None
     assert gumbel.candidates(logits.double(), temp, best, prefix) is None
+
+
+def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
+    """Past SAMPLE_BYTES of rows that copy their logits, a call samples runs of rows one
+    after the other: the same tokens (unseeded rows too: their seeds are drawn in row
+    order either way), logprobs with their top lists padded to the widest, and failures
+    at the step's own row indices."""
+    from swaserve.sampling import sampler as sampler_mod
+
+    logits = fixed_logits(9, seed=17)
+    kinds = [SamplingParams(temperature=0.8, top_p=0.9, logprobs=4, seed=1),
+             SamplingParams(temperature=0), SamplingParams(temperature=1.1),
+             SamplingParams(temperature=0.6, top_k=20), SamplingParams(temperature=0, logprobs=1),
+             SamplingParams(temperature=0.9, min_p=0.1, seed=8),
+             SamplingParams(temperature=1.0, logprobs=2), SamplingParams(temperature=0.7, top_p=0.8),
+             SamplingParams(temperature=0.5, frequency_penalty=0.5)]
+    rows = [row(p, pos=3 + i, out=(5, 6)) for i, p in enumerate(kinds)]
+    whole = make_sampler("torch", seed=9)(logits.clone(), rows)
+    monkeypatch.setattr(sampler_mod, "SAMPLE_BYTES", 2 * V * 4)  # runs of 2 rows
+    runs = make_sampler("torch", seed=9)(logits.clone(), rows)
+    assert torch.equal(runs.tokens, whole.tokens)
+    assert runs.logprob_rows == whole.logprob_rows == [0, 4, 6]
+    assert torch.equal(runs.chosen_logprob, whole.chosen_logprob)
+    for k, i in enumerate(runs.logprob_rows):  # each row's own n (readers slice theirs)
+        n = rows[i].params.logprobs
+        assert torch.equal(runs.top_ids[k, :n], whole.top_ids[k, :n])
+        assert torch.equal(runs.top_logprobs[k, :n], whole.top_logprobs[k, :n])
+    parts = [sampler_mod.SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
+             sampler_mod.SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
+    assert sorted(sampler_mod.SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]

@@ -55,8 +55,8 @@ def build_prompts(n: int, tokens: int) -> list[str]:
 
 
 async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, out_tokens: int,
-              api_key: str | None) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": out_tokens, "temperature": 0,
+              api_key: str | None, temperature: float = 0.0) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": out_tokens, "temperature": temperature,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.perf_counter()
@@ -86,7 +86,8 @@ async def run_level(args, prompts: list[str], concurrency: int) -> dict:
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         async def task(p):
             async with sem:
-                return await one(client, url, args.model, p, args.output_tokens, args.api_key)
+                return await one(client, url, args.model, p, args.output_tokens, args.api_key,
+                                 args.temperature)
         await task(prompts[0])  # warm-up
         t0 = time.perf_counter()
         n = args.num_requests or max(8, 2 * concurrency)
@@ -113,6 +114,8 @@ def main() -> int:
                     help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; e.g. 1 for the OpenAI API's default sampling (no seed)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     prompts = build_prompts(args.num_requests or 2 * max(args.concurrency + [4]), args.prompt_tokens)

@@ -377,7 +377,7 @@ def test_gumbel_candidates_are_the_ids_that_can_win_hashed_as_murmur_does(monkey
         pytest.skip("no C compiler for the kernel")
     low = build.constants()["GUMBEL_LOW"]
     g = torch.Generator().manual_seed(4)
-    logits = torch.randn(5, 20000, generator=g) * 3
+    logits = torch.randn(5, 20003, generator=g) * 3  # 16 ids at a time, and a tail
     temp = torch.tensor([0.4, 1.0, 1.0, 1.7, 3.0])
     prefix = murmur.row_prefix(torch.arange(5) * 77, torch.arange(5), torch.arange(5) + 9)
     ids = torch.arange(logits.shape[1])

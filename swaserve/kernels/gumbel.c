@@ -17,6 +17,9 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define NOISE_MAX 22.18070977791825 /* 32 log 2 */
 
@@ -52,8 +55,56 @@ int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const fl
         /* below this a logit's x is past NOISE_MAX under the best for certain (a margin of
          * 2^-20 past float32's rounding of x): one comparison for most ids, no division */
         const float skip = (float)((b - NOISE_MAX - (fabs(b) + NOISE_MAX + 1.0) * 0x1p-20) * t);
-        int64_t n = 0;
-        for (int64_t i = 0; i < vocab; i++) {
+        int64_t n = 0, i = 0;
+#ifdef __AVX512F__
+        /* 16 ids at a time: the same tests as the loop below, lane by lane */
+        const __m512 skipv = _mm512_set1_ps(skip), tv = _mm512_set1_ps(t);
+        const __m512d bv = _mm512_set1_pd(b), lowv = _mm512_set1_pd(GUMBEL_LOW),
+                      maxv = _mm512_set1_pd(NOISE_MAX + 1e-9);
+        const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        for (; i + 16 <= vocab && !over; i += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + i);
+            const __mmask16 live = _mm512_cmp_ps_mask(xv, skipv, _CMP_GE_OQ);
+            if (!live) continue;
+            const __m512 q = _mm512_div_ps(xv, tv);
+            const __m512d dlo = _mm512_sub_pd(bv, _mm512_cvtps_pd(_mm512_castps512_ps256(q)));
+            const __m512d dhi = _mm512_sub_pd(bv, _mm512_cvtps_pd(_mm256_castpd_ps(
+                _mm512_extractf64x4_pd(_mm512_castps_pd(q), 1))));
+            const __mmask16 near = (__mmask16)(_mm512_cmp_pd_mask(dlo, lowv, _CMP_LE_OQ) |
+                                               (_mm512_cmp_pd_mask(dhi, lowv, _CMP_LE_OQ) << 8));
+            const __mmask16 band = (__mmask16)(_mm512_cmp_pd_mask(dlo, maxv, _CMP_LE_OQ) |
+                                               (_mm512_cmp_pd_mask(dhi, maxv, _CMP_LE_OQ) << 8));
+            __m512i k = _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)i)),
+                                           _mm512_set1_epi32((int)0xCC9E2D51u));
+            k = _mm512_mullo_epi32(_mm512_rol_epi32(k, 15), _mm512_set1_epi32(0x1B873593));
+            __m512i h = _mm512_rol_epi32(_mm512_xor_si512(_mm512_set1_epi32((int)p), k), 13);
+            h = _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(5)),
+                                 _mm512_set1_epi32((int)0xE6546B64u));
+            h = _mm512_xor_si512(h, _mm512_set1_epi32(16));
+            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+            h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
+            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+            h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
+            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+            const __mmask16 loud = _mm512_cmp_epu32_mask(h, _mm512_set1_epi32((int)high), _MM_CMPINT_NLT);
+            const __mmask16 keep = live & (near | (band & loud));
+            if (!keep) continue;
+            const int c = __builtin_popcount(keep);
+            if (n + c > cap) {
+#pragma omp atomic write
+                over = 1;
+                break;
+            }
+            const __m512i ids = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)i));
+            _mm512_mask_compressstoreu_epi64(out_tok + r * cap + n, (__mmask8)keep,
+                                             _mm512_cvtepi32_epi64(_mm512_castsi512_si256(ids)));
+            n += __builtin_popcount(keep & 0xff);
+            _mm512_mask_compressstoreu_epi64(out_tok + r * cap + n, (__mmask8)(keep >> 8),
+                                             _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(ids, 1)));
+            n += __builtin_popcount(keep >> 8);
+        }
+#endif
+        for (; i < vocab && !over; i++) {
             if (!(x[i] >= skip)) continue; /* NaN too: the caller's argmax sees it */
             const double d = b - (double)(x[i] / t);
             if (!(d <= NOISE_MAX + 1e-9)) continue;

@@ -8,7 +8,7 @@ import torch
 
 from swaserve.kernels import build
 
-CAP_PER_ROW = 1 << 16  # candidates a row past which the caller's own path is no slower
+CAP_PER_ROW = 1 << 14  # candidates a row past which the caller's own path is no slower
 
 
 def entry():
@@ -38,5 +38,6 @@ def candidates(logits: torch.Tensor, temp: torch.Tensor, best: torch.Tensor,
             cap, out.data_ptr(), count.data_ptr(), torch.get_num_threads())
     if rc != 0:
         return None
-    r, j = (torch.arange(cap) < count[:, None]).nonzero(as_tuple=True)
+    r = torch.repeat_interleave(torch.arange(rows), count)
+    j = torch.arange(len(r)) - torch.repeat_interleave(count.cumsum(0) - count, count)
     return r, out[r, j]

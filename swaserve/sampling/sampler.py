@@ -437,11 +437,12 @@ class Sampler:
             vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
         vals = vals / temp
         wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
-        log_norm = None
+        log_norm = rows_full = lse = None
         if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
             log_norm = torch.zeros(len(idx), device=self.device)
             rows_full = fl.index_select(0, self._index([pos[idx[j]] for j in wide])) / temp[wide]
-            log_norm[wide] = torch.logsumexp(rows_full, dim=-1)
+            lse = torch.logsumexp(rows_full, dim=-1)
+            log_norm[wide] = lse
             use = torch.zeros(len(idx), dtype=torch.bool, device=self.device)
             use[wide] = True
             log_norm = (log_norm, use)
@@ -451,13 +452,18 @@ class Sampler:
         sort_rows = [j for j in wide if int(st.top_k[idx[j]]) < self.vocab or bool(keep[j, -1])]
         if sort_rows:  # the candidates may not hold the whole kept set: wider ones, or all
             sub = [idx[j] for j in sort_rows]
-            rows = fl.index_select(0, self._index([pos[i] for i in sub])) / st.temperature[sub, None]
-            tokens[sort_rows] = self._draw_wide(rows, st, sub)
+            # those rows of rows_full and their normalisers, as computed above
+            of = self._index([wide.index(j) for j in sort_rows])
+            rows, norms = ((rows_full, lse) if sort_rows == wide
+                           else (rows_full.index_select(0, of), lse.index_select(0, of)))
+            tokens[sort_rows] = self._draw_wide(rows, st, sub, norms)
         return tokens
 
-    def _draw_wide(self, rows: torch.Tensor, st: SamplingTensors, sub: list[int]) -> torch.Tensor:
-        """Tokens of rows (temperature-scaled, float32) whose kept set may pass
-        BOUNDED_TOP_K: first from WIDE_TOP_K candidates, exact for a row whose top_k fits
+    def _draw_wide(self, rows: torch.Tensor, st: SamplingTensors, sub: list[int],
+                   norms: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens of rows (temperature-scaled, float32; `norms` their logsumexp where the
+        caller has it) whose kept set may pass BOUNDED_TOP_K: first from WIDE_TOP_K
+        candidates, exact for a row whose top_k fits
         them or, with top_k = all, whose last candidate is filtered out (a flat
         distribution's nucleus at T = 1 is often a few thousand tokens: a topk of 8,192 is
         ~1 ms a row where sorting 262,144 is ~9); the rest sort the whole vocabulary."""
@@ -468,7 +474,9 @@ class Sampler:
         if rows.shape[1] > width:
             v, t = rows.topk(width, dim=-1)
             whole = top_k >= self.vocab
-            keep = filter_sorted(v, top_k, top_p, min_p, (torch.logsumexp(rows, dim=-1), whole))
+            if norms is None:
+                norms = torch.logsumexp(rows, dim=-1)
+            keep = filter_sorted(v, top_k, top_p, min_p, (norms, whole))
             score = (v.double() + self._noise(st, sub, t)).masked_fill(~keep, float("-inf"))
             drawn = t.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
             exact = (top_k <= width) | (whole & ~keep[:, -1])

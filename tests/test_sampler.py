@@ -427,3 +427,16 @@ def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
     parts = [sampler_mod.SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
              sampler_mod.SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
     assert sorted(sampler_mod.SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]
+
+
+def test_a_row_with_a_nan_logit_gets_a_token_in_range():
+    """A broken row (a NaN logit) still gets an id of the vocabulary, seeded or not, at any
+    temperature, and the other rows of its batch keep their own tokens."""
+    logits = fixed_logits(3, seed=2)
+    logits[1, 17] = float("nan")
+    rows = [row(SamplingParams(temperature=0.9, seed=4)), row(SamplingParams(temperature=1.0)),
+            row(SamplingParams(temperature=0.8, seed=5))]
+    got = make_sampler("torch")(logits.clone(), rows).tokens
+    assert 0 <= int(got[1]) < V
+    for i in (0, 2):
+        assert got[i].item() == _hashed_reference(logits[i], rows[i])

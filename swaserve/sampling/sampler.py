@@ -411,7 +411,10 @@ class Sampler:
         best = best.scatter_reduce(0, r, score, "amax")
         win = score == best[r]
         first = torch.full((len(idx),), self.vocab, dtype=torch.int64, device=self.device)
-        return first.scatter_reduce(0, r[win], t[win], "amin")
+        first = first.scatter_reduce(0, r[win], t[win], "amin")
+        # a row without candidates has a NaN logit (its bound is NaN): its largest, as a
+        # token in range (whose request the engine then goes on with, as for a greedy row)
+        return torch.where(first < self.vocab, first, top)
 
     def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
                          pos: dict[int, int], st: SamplingTensors) -> torch.Tensor:

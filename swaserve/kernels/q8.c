@@ -193,6 +193,18 @@ static int argmax_finish(int rc, float *best, int32_t *at, int njobs, int64_t m,
 
 #define VNNI_SPAN_BYTES (256 << 10) /* int16 activations a thread keeps in L2 */
 
+/* 16 outputs (column block cb) of row `row`'s sums f into y [m, n] (float32, or bf16 with
+ * Q8_BF16_OUT), or with Q8_ARGMAX_OUT folded into that row's lanes; whether one is NaN */
+static inline int put_sums(int flags, void *y, int64_t n, float *best, int32_t *at,
+                           int64_t row, int64_t cb, __m512 f) {
+    if (flags & Q8_ARGMAX_OUT) return argmax_fold(best + row * 16, at + row * 16, f, cb * 16);
+    if (flags & Q8_BF16_OUT)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)y + row * n + cb * 16), to_bf16(f));
+    else
+        _mm512_storeu_ps((float *)y + row * n + cb * 16, f);
+    return 0;
+}
+
 typedef struct {
     const int16_t *xq;   /* [m, k] */
     const float *xs;     /* [m, k / 32]: each block's scale, 2^-s */
@@ -288,16 +300,8 @@ static inline __attribute__((always_inline)) void vnni_block(vnni_job_t *j, int6
             }
         }
     }
-    for (int i = 0; i < M; i++) {
-        if (j->flags & Q8_ARGMAX_OUT) {
-            if (argmax_fold(j->best + (r0 + i) * 16, j->at + (r0 + i) * 16, f[i], cb * 16))
-                j->rc = -3;
-        } else if (j->flags & Q8_BF16_OUT)
-            _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + (r0 + i) * j->n + cb * 16),
-                                to_bf16(f[i]));
-        else
-            _mm512_storeu_ps((float *)j->y + (r0 + i) * j->n + cb * 16, f[i]);
-    }
+    for (int i = 0; i < M; i++)
+        if (put_sums(j->flags, j->y, j->n, j->best, j->at, r0 + i, cb, f[i])) j->rc = -3;
 }
 
 /* a column block's rows Q8_VNNI_CHUNK at a time: its weights, read from memory for the
@@ -493,16 +497,8 @@ static inline __attribute__((always_inline)) void db_rows(db_job_t *j, const uin
         }
     }
     const int64_t r0 = c * DB_ROWS;
-    for (int i = 0; i < M; i++) {
-        if (j->flags & Q8_ARGMAX_OUT) {
-            if (argmax_fold(j->best + (r0 + i) * 16, j->at + (r0 + i) * 16, f[i], cb * 16))
-                j->rc = -3;
-        } else if (j->flags & Q8_BF16_OUT)
-            _mm256_storeu_si256((__m256i *)((uint16_t *)j->y + (r0 + i) * j->n + cb * 16),
-                                to_bf16(f[i]));
-        else
-            _mm512_storeu_ps((float *)j->y + (r0 + i) * j->n + cb * 16, f[i]);
-    }
+    for (int i = 0; i < M; i++)
+        if (put_sums(j->flags, j->y, j->n, j->best, j->at, r0 + i, cb, f[i])) j->rc = -3;
 }
 
 #define DB_ROWS_CASES(G)                                                         \

@@ -129,19 +129,22 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return idx.gather(1, x.gather(1, idx).max(dim=-1, keepdim=True).indices)[:, 0]
 
 
-def plain_greedy(r: SamplerRow) -> bool:
+def plain(r: SamplerRow) -> bool:
+    """No edits of its logits (bias, suppressed tokens, grammar, penalties), no logprobs."""
     p = r.params
-    return (p.greedy and not p.logit_bias and p.logprobs is None and not r.suppress
+    return (not p.logit_bias and p.logprobs is None and not r.suppress
             and r.grammar_bias is None and not has_penalty(p))
 
 
+def plain_greedy(r: SamplerRow) -> bool:
+    return r.params.greedy and plain(r)
+
+
 def light(r: SamplerRow) -> bool:
-    """A row whose sampling makes no float copy of its logits: plain greedy, or
-    temperature-only with no edits and no logprobs (its candidates come from gumbel.c)."""
+    """A row whose sampling makes no float copy of its logits: plain greedy, or plain
+    temperature-only (its candidates come from gumbel.c)."""
     p = r.params
-    return plain_greedy(r) or (p.top_k in (-1, 0) and p.top_p >= 1.0 and p.min_p <= 0.0
-                               and not p.logit_bias and p.logprobs is None and not r.suppress
-                               and r.grammar_bias is None and not has_penalty(p))
+    return plain(r) and (p.greedy or (p.top_k in (-1, 0) and p.top_p >= 1.0 and p.min_p <= 0.0))
 
 
 def has_penalty(p: SamplingParams) -> bool:

@@ -78,19 +78,11 @@ def main() -> None:
           f"{args.pairs} alternating pairs")
     print("| batch | screen ms | whole head ms | ratio | same tokens |")
     print("|---|---|---|---|---|")
-    for batch in args.batches:
-        on, off, same = [], [], True
-        for _ in range(args.pairs):
-            tokens = []
-            for use, times in ((screen, on), (None, off)):
-                model.head_screen = use
-                t, run_tokens = decode_steps(eng, batch, args.steps, args.prompt_len)
-                times.append(t)
-                tokens.append(run_tokens)
-            same &= tokens[0] == tokens[1]
-        model.head_screen = screen
-        a, b = statistics.median(on), statistics.median(off)
-        print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {same} |", flush=True)
+    def use_screen(on: bool) -> None:
+        model.head_screen = screen if on else None
+
+    alternate(eng, args, use_screen, mixed=False)
+    model.head_screen = screen
 
     mixed_steps(eng, args)
     head_alone(eng, screen, args.batches, args.prompt_len)
@@ -103,19 +95,31 @@ def mixed_steps(eng, args) -> None:
     print("\nmixed steps (every other row samples), median ms")
     print("| batch | split | every row's logits | ratio | same tokens |")
     print("|---|---|---|---|---|")
+    def split(on: bool) -> None:
+        if on:
+            model.__dict__.pop("_split_head", None)
+        else:
+            model._split_head = lambda x, ctx: None  # the whole head, every row
+
+    alternate(eng, args, split, mixed=True)
+    split(True)
+
+
+def alternate(eng, args, setting, mixed: bool) -> None:
+    """A table row a batch size: decode steps with `setting(True)` and `setting(False)`,
+    alternating `args.pairs` times, their medians, the ratio, and whether the tokens
+    were the same."""
     for batch in args.batches:
-        on, off, same = [], [], True
+        times, same = {True: [], False: []}, True
         for _ in range(args.pairs):
             tokens = []
-            for split, times in ((True, on), (False, off)):
-                if not split:
-                    model._split_head = lambda x, ctx: None  # the whole head, every row
-                t, run_tokens = decode_steps(eng, batch, args.steps, args.prompt_len, True)
-                model.__dict__.pop("_split_head", None)
-                times.append(t)
+            for on in (True, False):
+                setting(on)
+                t, run_tokens = decode_steps(eng, batch, args.steps, args.prompt_len, mixed)
+                times[on].append(t)
                 tokens.append(run_tokens)
             same &= tokens[0] == tokens[1]
-        a, b = statistics.median(on), statistics.median(off)
+        a, b = statistics.median(times[True]), statistics.median(times[False])
         print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {same} |", flush=True)
 
 

@@ -34,12 +34,13 @@ def products(model, rows: list[int]) -> None:
     layer = model.layers[0]
     for m in rows:
         total = {False: 0.0, True: 0.0}
-        for name, w in layer.q8.items():
+        for w in layer.q8.values():
             x = torch.randn(m, w.shape[1]).to(torch.bfloat16)
             out = torch.empty(m, w.shape[0], dtype=torch.bfloat16)
             for on in (False, True):
                 kernel = "dpbusd" if on else "dpbf16"
-                total[on] += median_time(lambda: w.matmul(x, out=out, kernel=kernel), 9)
+                total[on] += median_time(
+                    lambda w=w, x=x, out=out, kernel=kernel: w.matmul(x, out=out, kernel=kernel), 9)
         n = len(model.layers)
         log(f"products at {m} rows x {n} layers: bf16 activations {total[False] * n * 1e3:.1f} ms, "
             f"int8 {total[True] * n * 1e3:.1f} ms ({total[False] / total[True]:.2f}x)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from swaserve import profile
-from swaserve.kernels import decode, q8
+from swaserve.kernels import decode
 from swaserve.memory.layout import LayerKind
 
 

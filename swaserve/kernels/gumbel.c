@@ -17,25 +17,10 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "murmur.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-
-#define NOISE_MAX 22.18070977791825 /* 32 log 2 */
-
-static inline uint32_t rotl(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
-
-static inline uint32_t hash(uint32_t prefix, uint32_t token) {
-    uint32_t k = token * 0xCC9E2D51u;
-    k = rotl(k, 15) * 0x1B873593u;
-    uint32_t h = rotl(prefix ^ k, 13) * 5u + 0xE6546B64u;
-    h ^= 16u; /* four blocks of 4 bytes */
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    return h ^ (h >> 16);
-}
 
 /* 0, or -1 when a row has more than `cap` candidates (then nothing is to be read) */
 int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const float *temp,
@@ -74,18 +59,8 @@ int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const fl
                                                (_mm512_cmp_pd_mask(dhi, lowv, _CMP_LE_OQ) << 8));
             const __mmask16 band = (__mmask16)(_mm512_cmp_pd_mask(dlo, maxv, _CMP_LE_OQ) |
                                                (_mm512_cmp_pd_mask(dhi, maxv, _CMP_LE_OQ) << 8));
-            __m512i k = _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32((int)i)),
-                                           _mm512_set1_epi32((int)0xCC9E2D51u));
-            k = _mm512_mullo_epi32(_mm512_rol_epi32(k, 15), _mm512_set1_epi32(0x1B873593));
-            __m512i h = _mm512_rol_epi32(_mm512_xor_si512(_mm512_set1_epi32((int)p), k), 13);
-            h = _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(5)),
-                                 _mm512_set1_epi32((int)0xE6546B64u));
-            h = _mm512_xor_si512(h, _mm512_set1_epi32(16));
-            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-            h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-            h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-            h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+            const __m512i ids = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)i));
+            const __m512i h = murmur_tokens16(p, ids);
             const __mmask16 loud = _mm512_cmp_epu32_mask(h, _mm512_set1_epi32((int)high), _MM_CMPINT_NLT);
             const __mmask16 keep = live & (near | (band & loud));
             if (!keep) continue;
@@ -95,7 +70,6 @@ int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const fl
                 over = 1;
                 break;
             }
-            const __m512i ids = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)i));
             _mm512_mask_compressstoreu_epi64(out_tok + r * cap + n, (__mmask8)keep,
                                              _mm512_cvtepi32_epi64(_mm512_castsi512_si256(ids)));
             n += __builtin_popcount(keep & 0xff);
@@ -108,7 +82,7 @@ int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const fl
             if (!(x[i] >= skip)) continue; /* NaN too: the caller's argmax sees it */
             const double d = b - (double)(x[i] / t);
             if (!(d <= NOISE_MAX + 1e-9)) continue;
-            if (d > GUMBEL_LOW && hash(p, (uint32_t)i) < high) continue;
+            if (d > GUMBEL_LOW && murmur_token(p, (uint32_t)i) < high) continue;
             if (n == cap) {
 #pragma omp atomic write
                 over = 1;

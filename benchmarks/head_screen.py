@@ -1,9 +1,11 @@
 """Greedy decode steps with the LM head's int8 screen on and off, alternating in one engine
 (bundled Gemma 3 270M, bf16): the median step at each batch size, the ratio, and whether
 both gave the same tokens. Then steps where every other row samples, the greedy rows'
-tokens split from the others' logits or not. Then the head alone on the engine's own final hidden states:
-q8_dpbf16's argmaxes against the screen's (kernel and exact rescoring), and the rows'
-candidate counts.
+tokens (and the sampling rows' keyed draws) from the screen beside the other rows'
+logits, or every row's logits. Then the head alone on the engine's own final hidden
+states: q8_dpbf16's argmaxes against the screen's (kernel and exact rescoring), the
+rows' candidate counts, and keyed rows at T=1 drawn by the screen against logits and
+the sampler.
 
     python benchmarks/head_screen.py [--batches 17 32 64 128] [--steps 16] [--pairs 3]
 
@@ -151,6 +153,42 @@ def head_alone(eng, screen, batches: list[int], prompt_len: int) -> None:
         counts = screen.candidates(x)[1].float()
         print(f"| {m} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | "
               f"{int(counts.median())} / {int(counts.max())} |", flush=True)
+    keyed_alone(screen, rows, batches)
+
+
+def keyed_alone(screen, rows: torch.Tensor, batches: list[int]) -> None:
+    """Every row keyed at temperature 1 (seeds of their own): the screen's draws against
+    q8_dpbf16's logits and the sampler, and each row's candidates."""
+    from swaserve.sampling.params import SamplingParams
+    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+
+    q8w = screen.head
+    sampler = Sampler(q8w.shape[0], torch.device("cpu"))
+    print("\nkeyed rows at T=1 alone (ms, median of 5)")
+    print("| rows | screen draws | logits + sampler | ratio | candidates a row: median / max "
+          "| rows left to logits |")
+    print("|---|---|---|---|---|---|")
+    for m in batches:
+        x = rows[:m].contiguous()
+        keyed = [SamplerRow(SamplingParams(temperature=1.0), 1000 + i, 200, [1], [])
+                 for i in range(m)]
+        temperature = torch.ones(m)
+        prefix = row_prefixes(keyed, torch.device("cpu"))
+
+        def drawn(x=x, temperature=temperature, prefix=prefix):
+            return screen.tokens(x, temperature, prefix)
+
+        def sampled(x=x, keyed=keyed):
+            return sampler(q8w.matmul(x, kernel="dpbf16"), keyed).tokens
+
+        got, want = drawn(), sampled()
+        settled = got >= 0
+        assert torch.equal(got[settled], want[settled])
+        a, b = median_time(drawn, 5), median_time(sampled, 5)
+        counts = screen.candidates(x, temperature, prefix)[1].float()
+        print(f"| {m} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | "
+              f"{int(counts.median())} / {int(counts.max())} | {int((~settled).sum())} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,104 @@ def test_tokens_are_q8_dpbf16s_argmaxes(offsets, group):
             assert int(want[i]) in cand[i, :count[i]].tolist()
 
 
+def keyed_rows_of(m: int, seed: int, greedy_every: int = 4):
+    """Sampler rows for m logits rows: every `greedy_every`-th greedy, the others keyed at
+    temperatures from 0.05 to 2 (seeds and positions their own); (rows, temperature,
+    prefix) as the screen takes them (0 for a greedy row)."""
+    from swaserve.sampling.params import SamplingParams
+    from swaserve.sampling.sampler import SamplerRow, row_prefixes
+
+    g = torch.Generator().manual_seed(seed)
+    temps = (0.05, 0.3, 0.7, 1.0, 1.3, 2.0)
+    rows = []
+    for i in range(m):
+        t = 0.0 if i % greedy_every == 0 else temps[i % len(temps)]
+        rows.append(SamplerRow(SamplingParams(temperature=t), int(torch.randint(2**62, (1,), generator=g)),
+                               int(torch.randint(1 << 20, (1,), generator=g)), [1], []))
+    temperature = torch.tensor([float(r.params.temperature) for r in rows])
+    return rows, temperature, row_prefixes(rows, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("offsets,group", [(False, 32), (True, 32)])
+def test_keyed_rows_draw_the_samplers_tokens_from_q8_dpbf16s_logits(offsets, group):
+    """Greedy and keyed sampling rows in one screen call: each keyed row's token is the one
+    the sampler draws from q8_dpbf16's whole logits (and from hashing every id), each
+    greedy row's the argmax; a keyed row keeps a screen's few candidates. The rows are
+    scaled so that the logits spread as a real head's (std ~4): the draws are not the
+    argmaxes."""
+    from swaserve.sampling import murmur
+    from swaserve.sampling.sampler import Sampler
+
+    n, k = 4096, 256
+    head = random_head(n, k, seed=31, offsets=offsets, group=group)
+    s = built_screen(head, k)
+    kept, unsettled, drawn = [], 0, 0
+    for m, seed in ((1, 1), (7, 2), (24, 3), (40, 4), (40, 5)):
+        x = (hidden_rows(m, k, seed=100 + seed).float() * 0.08).bfloat16()
+        rows, temperature, prefix = keyed_rows_of(m, seed, greedy_every=4 if m > 1 else 2)
+        if m == 1:  # one keyed row alone
+            rows, temperature, prefix = keyed_rows_of(2, seed, greedy_every=2)
+            rows, temperature, prefix = rows[1:], temperature[1:], prefix[1:]
+        logits = head.matmul(x, kernel="dpbf16")
+        want = Sampler(n, torch.device("cpu"))(logits, rows).tokens
+        got = s.tokens(x, temperature, prefix)
+        settled = got >= 0  # a keyed row past CAP candidates: -1 (the caller's logits)
+        assert torch.equal(got[settled], want[settled]), (m, seed)
+        unsettled += int((~settled).sum())
+        ids = torch.arange(n)
+        for i in range(m):  # hashing every id
+            if temperature[i] > 0 and settled[i]:
+                score = murmur.keyed_scores(logits[i], temperature[i].expand(n),
+                                            prefix[i].expand(n), ids)
+                assert int(got[i]) == int(score.argmax())
+        cand, count = s.candidates(x, temperature, prefix)
+        kept += count[temperature > 0].tolist()
+        drawn += int(((got != logits.argmax(1)) & (temperature >= 0.7)).sum())
+    assert drawn >= 20, drawn
+    assert unsettled <= 3 and sorted(kept)[len(kept) // 2] < n / 16, (unsettled, kept)
+
+
+def test_a_keyed_rows_noise_bounds_hold_around_every_threshold():
+    """The C tables bounding a hash's noise: at and around each threshold, at the ends and
+    at 200,000 random hashes, least <= murmur.py's g <= most, one level apart."""
+    from swaserve.kernels import build
+    from swaserve.sampling import murmur
+
+    thresholds, least, most = (torch.empty(16, dtype=torch.int64), torch.empty(16),
+                               torch.empty(16))
+    levels = build.function("screen", "head_screen_levels")(
+        thresholds.data_ptr(), least.data_ptr(), most.data_ptr())
+    th = thresholds[:levels]
+    assert levels == 15 and bool((th[1:] > th[:-1]).all())
+    near = (th[:, None] + torch.arange(-3, 4)[None, :]).flatten()
+    hashes = torch.cat([near, torch.tensor([0, 1, 2, murmur.M32 - 1, murmur.M32]),
+                        torch.randint(0, murmur.M32 + 1, (200_000,),
+                                      generator=torch.Generator().manual_seed(35))])
+    at = (hashes[:, None] >= th[None, :]).sum(1)
+    g = murmur.gumbel_from_hash(hashes)
+    assert bool((least.double()[at] <= g).all()) and bool((g <= most.double()[at]).all())
+    inner = (at > 0) & (at < levels)
+    assert float((most[at] - least[at])[inner].max()) <= 3.01  # 11 - 8, the widest step
+
+
+def test_a_keyed_row_past_the_cap_is_left_to_its_logits(monkeypatch):
+    n, k = 2048, 128
+    head = random_head(n, k, seed=32)
+    s = built_screen(head, k)
+    x = hidden_rows(12, k, seed=33)
+    rows, temperature, prefix = keyed_rows_of(12, 34, greedy_every=3)
+    monkeypatch.setattr(screen, "CAP", 2)
+    cand, count = s.candidates(x, temperature, prefix)
+    over = count < 0
+    assert over[temperature > 0].any() and over[temperature == 0].any()
+    got = s.tokens(x, temperature, prefix)
+    want = head.argmax(x, "dpbf16")
+    assert torch.equal(got[temperature == 0], want[temperature == 0])
+    assert (got[over & (temperature > 0)] == -1).all()
+    with pytest.raises(ValueError, match="temperature is under"):
+        s.tokens(x, temperature.clamp(max=screen.MIN_TEMPERATURE / 2), prefix)
+
+
 def test_an_exact_tie_goes_to_the_first_column_and_near_ties_are_rescored():
     """Columns copied from each row's winner (a tie: the first of them wins) and copies
     one quantum off (near-ties the screen cannot tell apart): q8_dpbf16's token still."""
@@ -202,27 +300,32 @@ def test_the_screen_runs_only_where_q8_dpbf16_would():
     assert screen.HeadScreen.for_head(random_head(1008, 128, seed=1)) is None  # n % 32
 
 
-def run_greedy(path, screen_on: bool):
+def run_engine(path, screen_on: bool, params_of=None):
     """A bf16 engine with an int8 head: a long prompt alone first (its chunks before the
-    last give the head no rows), then 20 greedy rows (the head on q8_dpbf16); (each
-    request's tokens, the engine)."""
+    last give the head no rows), then 20 rows (the head on q8_dpbf16), greedy unless
+    `params_of(i)` says otherwise; (each request's tokens, the engine)."""
     from conftest import HYBRID, int8_copy, random_prompt, write_tiny_gemma3
 
     from swaserve.engine.engine import Engine
     from swaserve.sampling.params import SamplingParams
 
     write_tiny_gemma3(path, HYBRID, seed=14)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params_of = params_of or (lambda i: greedy)
     eng = Engine(model=str(path), dtype="bfloat16", kv_memory="64MiB", max_running_requests=20,
                  max_model_len=64, prefix_cache=False, chunk_size=16)
     eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)}, head_screen=screen_on)
-    reqs = [eng.add_request(random_prompt(40, 99), params)[0]]
+    reqs = [eng.add_request(random_prompt(40, 99), greedy)[0]]
     while eng.has_unfinished():
         eng.step()
-    reqs += [eng.add_request(random_prompt(4 + i, i), params)[0] for i in range(20)]
+    reqs += [eng.add_request(random_prompt(4 + i, i), params_of(i))[0] for i in range(20)]
     while eng.has_unfinished():
         eng.step()
     return [r.output_token_ids for r in reqs], eng
+
+
+def run_greedy(path, screen_on: bool):
+    return run_engine(path, screen_on)
 
 
 def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
@@ -232,14 +335,33 @@ def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(
     assert eng.model.head_screen is None and on == off
 
 
+def test_a_sampling_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
+    """Greedy rows beside keyed temperature rows (seeded and not: the engine's generator
+    seeds them the same way in both runs) and rows that need logits (top-p, logprobs, a
+    penalty): every request's tokens are the same with the screen drawing the keyed
+    rows as with whole logits."""
+    from swaserve.sampling.params import SamplingParams
+
+    def params_of(i):
+        kinds = [dict(temperature=0), dict(temperature=1.0), dict(temperature=0.8, seed=i),
+                 dict(temperature=1.5), dict(temperature=1.0, top_p=0.9),
+                 dict(temperature=0.7, logprobs=2), dict(temperature=1.0, presence_penalty=0.5)]
+        return SamplingParams(max_tokens=12, ignore_eos=True, **kinds[i % len(kinds)])
+
+    on, eng = run_engine(tmp_path, True, params_of)
+    assert eng.model.head_screen.drawn > 0
+    off, eng = run_engine(tmp_path, False, params_of)
+    assert eng.model.head_screen is None and on == off
+
+
 def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monkeypatch,
                                                                   caplog):
     want, _ = run_greedy(tmp_path, False)
 
-    def broken(self, x):
+    def broken(self, x, *keys):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(screen.HeadScreen, "argmax", broken)
+    monkeypatch.setattr(screen.HeadScreen, "tokens", broken)
     got, eng = run_greedy(tmp_path, True)
     assert got == want and eng.model.head_screen is None
     assert "LM head screen failed" in caplog.text

@@ -337,8 +337,9 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch):
 def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
     """A step whose greedy rows come as argmaxes beside the other rows' logits (SplitLogits,
     the LM head's split) samples every row as whole logits would: the same tokens, the
-    same logprobs on the same rows; the row-by-row retry's one-row slices too; argmaxes
-    for a row that samples are refused."""
+    same logprobs on the same rows; the row-by-row retry's one-row slices too. A keyed
+    temperature-only row's token may come with them (the head's screen draws it); a token
+    for a row that filters, asks for logprobs or has no seed is refused."""
     from swaserve.models.context import SplitLogits
 
     logits = fixed_logits(6, seed=11)
@@ -362,8 +363,14 @@ def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
     for j in range(6):
         one = s(split[j:j + 1], rows[j:j + 1])
         assert one.tokens.tolist() == [whole.tokens[j].item()]
-    with pytest.raises(ValueError, match="argmaxes for rows that sample"):
-        s(SplitLogits(logits[[0]], logits[[1]].argmax(-1), [1]), rows[:2])
+    drawn = SplitLogits(logits[[3, 4]].clone(), whole.tokens[[0, 1, 2, 5]], [0, 1, 2, 5])
+    assert torch.equal(s(drawn, rows).tokens, whole.tokens)
+    for bad in (3, 4):
+        with pytest.raises(ValueError, match="tokens for rows it cannot sample"):
+            s(SplitLogits(logits[[0]], logits[[bad]].argmax(-1), [1]), [rows[0], rows[bad]])
+    unseeded = row(SamplingParams(temperature=0.7))
+    with pytest.raises(ValueError, match="tokens for rows it cannot sample"):
+        s(SplitLogits(logits[[0]], logits[[1]].argmax(-1), [1]), [rows[0], unseeded])
 
 
 def test_gumbel_candidates_are_the_ids_that_can_win_hashed_as_murmur_does(monkeypatch):

@@ -62,7 +62,7 @@ from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import SamplerOutput, has_penalty, plain_greedy
+from swaserve.sampling.sampler import SamplerOutput, has_penalty, keyed_rows, plain_greedy
 
 log = logging.getLogger("swaserve")
 
@@ -426,12 +426,15 @@ class Engine:
         prepared = self.runner.prepare(batch, pending)
         rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
         # a greedy row needs no logits, only their argmax (the LM head can give those): the
-        # whole batch, or its greedy rows beside rows that sample
+        # whole batch, or its greedy rows beside rows that sample; a keyed row sampled by a
+        # temperature alone needs only its few ids that can win (the head's screen)
         greedy = [i for i, r in enumerate(rows) if plain_greedy(r)]
         if self.logits_log is None and len(owners) == len(prepared.ctx.logits_indices):
             prepared.ctx.argmax_only = len(greedy) == len(rows)
             if 0 < len(greedy) < len(rows):
                 prepared.ctx.argmax_rows = greedy
+            if len(greedy) < len(rows):
+                prepared.ctx.keyed = keyed_rows(rows, self.device)
         for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
             s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1

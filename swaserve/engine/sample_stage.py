@@ -2,8 +2,8 @@
 waiting on a prompt), grammar masks, and sampling that keeps a row's fault to its request.
 
 If the batch's masks or sampling raise, they are redone row by row and the rows that still
-raise are reported as failed; the others get the tokens they would have got anyway (greedy
-and seeded rows are pure functions of their logits; unseeded rows draw fresh noise).
+raise are reported as failed; the others get the tokens they would have got anyway (every
+row is a pure function of its logits: rows without a seed get one when the rows are built).
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ class SampleStage:
         for j0, s in drafted:
             if s.request.grammar is not None:
                 self._draft_masks(rows, j0, s, failed)
-        return rows, owners, failed
+        # seeds for the rows that sample without one, before the forward: the LM head may
+        # draw keyed rows itself (ForwardContext.keyed)
+        return self.sampler.keyed(rows), owners, failed
 
     def _row(self, req: Request, position: int, draft: list[int] = ()) -> SamplerRow:
         generated = req.num_generated + len(draft)

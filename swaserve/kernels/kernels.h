@@ -49,11 +49,18 @@ int q8_dpbusd(const uint16_t *x, const int8_t *pq, const void *ps, const float *
               void *y, int64_t m, int64_t n, int64_t k, int threads);
 
 /* screen.c: each row's candidates for the argmax of x [m, k] bf16 @ W^T from W's int8 copy
-   (kernels/screen.py); cand [m, cap], count [m] (-1: more than cap). 0 on success, -1 for
-   shapes not taken, -2 without AVX-512 VNNI and BF16, -3 for a value of x that is not finite */
+   (kernels/screen.py), or with temp [m] > 0 (NULL: none) of its keyed Gumbel-max at that
+   temperature (prefix [m]: murmur.py's row prefixes); cand [m, cap], count [m] (-1: more
+   than cap). 0 on success, -1 for shapes not taken, -2 without AVX-512 VNNI and BF16, -3
+   for a value of x that is not finite */
 int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t ngroups,
                 const uint8_t *wq, const float *stats, int64_t m, int64_t n, int64_t k,
-                int64_t cap, int32_t *cand, int64_t *count, int threads);
+                const float *temp, const int64_t *prefix, int64_t cap, int32_t *cand,
+                int64_t *count, int threads);
+/* screen.c: a keyed row's noise bounds: a hash h with i = #{l : h >= thresholds[l]} has
+   least[i] <= g(h) <= most[i] (sampling/murmur.py's g); the number of thresholds (15:
+   least and most have one more entry) */
+int head_screen_levels(int64_t *thresholds, float *least, float *most);
 /* screen.c: the head's int8 tiles (q8_dpbf16's arguments) as head_screen's wq [n/16, k/4,
    16, 4] and stats [n/16, ngroups, 2, 16]; -3 for a weight that is not finite */
 int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flags,

@@ -16,6 +16,14 @@
  * screen - bound cannot be the argmax; every other one is a candidate, which the caller
  * computes exactly.
  *
+ * A keyed sampling row (sampling/sampler.py: temperature T, noise g_t from the hash of its
+ * prefix and id t, token = argmax of exact_t / T + g_t) is screened on its scores: a
+ * column's upper value is (screen + bound) / T + the most its hash's noise can be, its
+ * lower value (screen - bound) / T + the least. Bounds on g come from where the hash falls
+ * among NOISE_LEVELS thresholds, without a logarithm: the winner's upper value reaches
+ * any column's lower value, so it is a candidate, and a column far under the best is kept
+ * only for a hash that can carry it (past 8: one in ~3,000).
+ *
  * Two passes: the first reads all of W once for all rows and keeps, per row, its best
  * lower value and each pair of column blocks' best upper value; the second screens again,
  * per row, only the pairs whose upper value reaches that row's best lower value (a few),
@@ -26,6 +34,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "murmur.h"
 
 #define MAX_THREADS 64
 #define JOBS_PER_THREAD 8 /* a thread that loses its core leaves its jobs to others */
@@ -35,6 +44,25 @@
  * float32 (a GGUF's weights are under 2^26, k under 2^16: 2^64 x 2^26 x 2^16 < 2^127) */
 #define X_LIMIT 0x1p64f
 #define SCREEN_ROWS 6     /* rows a pass keeps in registers: 6 x 2 int32 + 6 x 2 float sums */
+/* the noise at the thresholds of a keyed row's bounds: a hash at or past level l's
+ * threshold has g >= l, one under it g < l (murmur.py: g = -log(-log(h / (2^32 - 1)))) */
+#define NOISE_LEVELS 15
+static const double noise_levels[NOISE_LEVELS] = {-2, -1, -0.5, 0, 0.5, 1, 1.5, 2, 2.5, 3, 4, 5,
+                                                  6.5, 8, 11};
+/* past the error of the thresholds (one hash step moves g by < 2e-5 below level 11) and of
+ * the caller's float64 logs */
+#define LEVEL_SLACK 1e-3
+
+int head_screen_levels(int64_t *thresholds, float *least, float *most) {
+    least[0] = -INFINITY; /* a hash of 0 has g = -inf */
+    most[NOISE_LEVELS] = (float)(NOISE_MAX + LEVEL_SLACK);
+    for (int l = 0; l < NOISE_LEVELS; l++) {
+        thresholds[l] = (int64_t)ceil(exp(-exp(-noise_levels[l])) * 4294967295.0);
+        least[l + 1] = (float)(noise_levels[l] - LEVEL_SLACK);
+        most[l] = (float)(noise_levels[l] + LEVEL_SLACK);
+    }
+    return NOISE_LEVELS;
+}
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -51,7 +79,38 @@ typedef struct {
     int64_t m, n, k, ngroups, lo, hi; /* [lo, hi): pairs of column blocks of 16 */
     float *lower;         /* [m, 16] lane-wise the largest screen - bound the job has seen */
     float *upper;         /* [m, n / 32] each pair's largest screen + bound */
+    const float *inv_t;   /* [m] 1 / T of a keyed row, 0 for a greedy one; NULL: all greedy */
+    const uint32_t *prefix; /* [m] the keyed rows' hash prefixes */
+    const uint32_t *thresholds; /* [NOISE_LEVELS] the hashes at noise_levels */
+    const float *least, *most; /* [16] noise bounds by how many thresholds a hash reaches */
+    float *seen;          /* [m] a keyed row's largest lower value in the job, less `margin` */
 } screen_job_t;
+
+/* what a keyed row's best lower value b is lowered by before it is compared with upper
+ * values: past their two float32 roundings (/ T, + g) */
+static inline float margin(float b) { return (fabsf(b) + 32.0f) * 0x1p-18f; }
+
+/* a keyed row's values of column blocks 2p and 2p + 1 (screen_rows' out) as bounds on its
+ * scores: the sums' bounds over T plus its noise's */
+static inline void add_noise(const screen_job_t *j, int64_t row, int64_t p, __m512 v[4]) {
+    const __m512 inv = _mm512_set1_ps(j->inv_t[row]);
+    const __m512 least = _mm512_loadu_ps(j->least), most = _mm512_loadu_ps(j->most);
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int t = 0; t < 2; t++) {
+        const __m512i h = murmur_tokens16(
+            j->prefix[row], _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(p * 32 + t * 16))));
+        __m512i reached = _mm512_setzero_si512();
+        for (int l = 0; l < NOISE_LEVELS; l++)
+            reached = _mm512_mask_add_epi32(
+                reached, _mm512_cmp_epu32_mask(h, _mm512_set1_epi32((int)j->thresholds[l]),
+                                               _MM_CMPINT_NLT),
+                reached, _mm512_set1_epi32(1));
+        v[t] = _mm512_fmadd_ps(v[t], inv, _mm512_permutexvar_ps(reached, most));
+        v[2 + t] = _mm512_fmadd_ps(v[2 + t], inv, _mm512_permutexvar_ps(reached, least));
+    }
+}
+
+static int keyed(const screen_job_t *j, int64_t row) { return j->inv_t && j->inv_t[row] > 0.0f; }
 
 /* rows r0 .. r0 + R of x against column blocks cb and cb + 1: out[r] = their upper values
  * (screen + bound) of both blocks, then their lower values */
@@ -121,11 +180,28 @@ static void *screen_run(void *arg) {
 #undef SCREEN_CASE
             }
             for (int r = 0; r < rows; r++) {
-                float *lo = j->lower + (r0 + r) * 16;
-                _mm512_store_ps(lo, _mm512_max_ps(_mm512_load_ps(lo),
-                                                  _mm512_max_ps(out[r][2], out[r][3])));
-                j->upper[(r0 + r) * (j->n / 32) + p] =
-                    _mm512_reduce_max_ps(_mm512_max_ps(out[r][0], out[r][1]));
+                const int64_t i = r0 + r;
+                float *up = j->upper + i * (j->n / 32) + p;
+                if (keyed(j, i)) {
+                    /* a pair whose columns cannot reach what the row already reaches even
+                     * with the largest noise: no hashes, that bound for pass 2 */
+                    const float u = _mm512_reduce_max_ps(_mm512_max_ps(out[r][0], out[r][1])) *
+                                        j->inv_t[i] + j->most[NOISE_LEVELS];
+                    if (u + (fabsf(u) + 32.0f) * 0x1p-20f < j->seen[i]) {
+                        *up = u;
+                        continue;
+                    }
+                    add_noise(j, i, p, out[r]);
+                }
+                float *lo = j->lower + i * 16;
+                const __m512 low = _mm512_max_ps(_mm512_load_ps(lo),
+                                                 _mm512_max_ps(out[r][2], out[r][3]));
+                _mm512_store_ps(lo, low);
+                *up = _mm512_reduce_max_ps(_mm512_max_ps(out[r][0], out[r][1]));
+                if (keyed(j, i)) {
+                    const float b = _mm512_reduce_max_ps(low);
+                    j->seen[i] = b - margin(b);
+                }
             }
         }
     return 0;
@@ -142,6 +218,7 @@ static int64_t candidates(const screen_job_t *j, int64_t i, float best, int64_t 
     for (int64_t p = 0; p < pairs; p++) {
         if (!(j->upper[i * pairs + p] >= best)) continue;
         screen_rows(j, p * 2, i, 1, out);
+        if (keyed(j, i)) add_noise(j, i, p, out[0]);
         for (int t = 0; t < 2; t++) {
             const __mmask16 keep = _mm512_cmp_ps_mask(out[0][t], _mm512_set1_ps(best), _CMP_GE_OQ);
             if (c + __builtin_popcount(keep) > cap) return -1;
@@ -199,7 +276,8 @@ static int quantize(const uint16_t *x, const int32_t *perm, const int32_t *edges
 
 int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t ngroups,
                 const uint8_t *wq, const float *stats, int64_t m, int64_t n, int64_t k,
-                int64_t cap, int32_t *cand, int64_t *count, int threads) {
+                const float *temp, const int64_t *prefix, int64_t cap, int32_t *cand,
+                int64_t *count, int threads) {
     if (m < 1 || n % 32 || k % 16 || cap < 1 || threads < 1 || !edges_ok(edges, ngroups, k))
         return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
@@ -210,8 +288,21 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
     int32_t *corr = malloc((size_t)m * ngroups * sizeof(int32_t));
     float *lower = aligned_alloc(64, (size_t)njobs * m * 16 * sizeof(float));
     float *upper = malloc((size_t)m * pairs * sizeof(float));
-    int rc = !xq || !rs || !corr || !lower || !upper ? -1 : 0;
+    float *inv_t = temp ? malloc((size_t)m * sizeof(float)) : 0;
+    uint32_t *pre = temp ? malloc((size_t)m * sizeof(uint32_t)) : 0;
+    float *seen = temp ? malloc((size_t)njobs * m * sizeof(float)) : 0;
+    int rc = !xq || !rs || !corr || !lower || !upper || (temp && (!inv_t || !pre || !seen))
+                 ? -1 : 0;
     if (rc == 0) rc = quantize(x, perm, edges, ngroups, m, k, xq, rs, corr);
+    int64_t levels[NOISE_LEVELS];
+    uint32_t thresholds[NOISE_LEVELS];
+    float least[16], most[16];
+    head_screen_levels(levels, least, most);
+    for (int l = 0; l < NOISE_LEVELS; l++) thresholds[l] = (uint32_t)levels[l];
+    for (int64_t i = 0; temp && rc == 0 && i < m; i++) {
+        inv_t[i] = temp[i] > 0.0f ? 1.0f / temp[i] : 0.0f;
+        pre[i] = (uint32_t)prefix[i];
+    }
     if (rc == 0) {
         screen_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
         const int64_t per = (pairs + njobs - 1) / njobs;
@@ -219,8 +310,10 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
             const int64_t lo = t * per < pairs ? t * per : pairs;
             const int64_t hi = lo + per < pairs ? lo + per : pairs;
             jobs[t] = (screen_job_t){xq, rs, corr, edges, wq, stats, m, n, k, ngroups, lo, hi,
-                                     lower + t * m * 16, upper};
+                                     lower + t * m * 16, upper, inv_t, pre, thresholds,
+                                     least, most, seen ? seen + t * m : 0};
             for (int64_t i = 0; i < m * 16; i++) jobs[t].lower[i] = -INFINITY;
+            for (int64_t i = 0; seen && i < m; i++) jobs[t].seen[i] = -INFINITY;
         }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int t = 0; t < njobs; t++) screen_run(&jobs[t]);
@@ -229,6 +322,7 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
             float best = -INFINITY;
             for (int64_t l = 0; l < (int64_t)njobs * 16; l++)
                 best = fmaxf(best, lower[(l / 16) * m * 16 + i * 16 + l % 16]);
+            if (keyed(&jobs[0], i)) best -= margin(best);
             /* none kept can only come of a sum that is not finite: the caller's kernel */
             const int64_t c = isfinite(best) ? candidates(&jobs[0], i, best, cap, cand + i * cap) : -1;
             count[i] = c == 0 ? -1 : c;
@@ -239,6 +333,9 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
     free(corr);
     free(lower);
     free(upper);
+    free(inv_t);
+    free(pre);
+    free(seen);
     return rc;
 }
 
@@ -310,9 +407,10 @@ int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flag
 #else
 int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, int64_t ngroups,
                 const uint8_t *wq, const float *stats, int64_t m, int64_t n, int64_t k,
-                int64_t cap, int32_t *cand, int64_t *count, int threads) {
+                const float *temp, const int64_t *prefix, int64_t cap, int32_t *cand,
+                int64_t *count, int threads) {
     (void)x; (void)perm; (void)edges; (void)ngroups; (void)wq; (void)stats; (void)m; (void)n;
-    (void)k; (void)cap; (void)cand; (void)count; (void)threads;
+    (void)k; (void)temp; (void)prefix; (void)cap; (void)cand; (void)count; (void)threads;
     return -2; /* no AVX-512 VNNI and BF16 on this machine */
 }
 

@@ -16,6 +16,10 @@ the groups, 3 (p90 28, max 216), over 576 real rows. The order comes from the fi
 BUILD_ROWS rows the head is called with, and the copy is made then: its int8 size again in
 memory (168 MB for Gemma 3), 0.7-0.9 s on 2 cores. A row with more than CAP candidates goes
 to q8_dpbf16 alone.
+
+Keyed sampling rows (a temperature, no other edits: sampling/sampler.py) are screened on
+their Gumbel-max scores (screen.c): a step of greedy and sampled rows reads the copy once,
+and each sampled row gets the token the sampler would draw from q8_dpbf16's logits.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from swaserve.kernels import build, q8
 from swaserve.kernels.q8 import Q8Weight
+from swaserve.sampling import murmur
 
 log = logging.getLogger("swaserve")
 
@@ -37,6 +42,9 @@ GROUP_SHARES = (1, 3, 12, 24)
 # row's order left 3x the candidates (its own extremes); calls before those rows are seen
 # multiply the head whole
 BUILD_ROWS = 16
+# a keyed row under this temperature takes its logits: past 2^10 x the head's largest sums
+# its scores' bounds could overflow float32
+MIN_TEMPERATURE = 2.0 ** -10
 
 
 def _entry():
@@ -80,7 +88,8 @@ class HeadScreen:
         # before the copy: each channel's largest |value| in the rows seen, and their count
         self._seen = torch.zeros(head.shape[1])
         self._rows_seen = 0
-        self.calls = 0  # argmax calls that gave tokens
+        self.calls = 0  # calls that gave tokens
+        self.drawn = 0  # keyed rows given a token
 
     @classmethod
     def for_head(cls, head: Q8Weight | None) -> HeadScreen | None:
@@ -115,18 +124,41 @@ class HeadScreen:
         float32 sums, ties to the first column); None where the caller should take it
         from q8_dpbf16 itself (the copy is not made yet, a value of x or of W is not
         finite, |x| past 2^64, no memory)."""
-        found = self.candidates(x)
-        tokens = None if found is None else self._rescore(x, *found)
-        self.calls += tokens is not None
+        return self.tokens(x)
+
+    def tokens(self, x: torch.Tensor, temperature: torch.Tensor | None = None,
+               prefix: torch.Tensor | None = None) -> torch.Tensor | None:
+        """int64 [M]: `argmax`'s tokens, and for each keyed row (temperature > 0, at least
+        MIN_TEMPERATURE; prefix: its murmur.row_prefix) the token the sampler's keyed
+        Gumbel-max draws from q8_dpbf16's logits (`murmur.keyed_scores`), or -1 where
+        its candidates are past CAP (the caller gives it logits); None as `argmax`."""
+        found = self.candidates(x, temperature, prefix)
+        tokens = None if found is None else self._rescore(x, *found, temperature, prefix)
+        if tokens is not None:
+            self.calls += 1
+            if temperature is not None:
+                self.drawn += int(((tokens >= 0) & (temperature > 0)).sum())
         return tokens
 
-    def candidates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, x: torch.Tensor, temperature: torch.Tensor | None = None,
+                   prefix: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(columns [M, CAP] int32, count [M]: each row's first `count` columns are its
         candidates; -1 for a row with more than CAP), or None as `argmax`. x: bf16 [M, K],
-        contiguous."""
+        contiguous; `tokens`' keys."""
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.head.shape[1]:
             raise ValueError(f"HeadScreen: x must be bf16 [M, {self.head.shape[1]}], got "
                              f"{x.dtype} {tuple(x.shape)}")
+        keys = (0, 0)
+        if temperature is not None:
+            temperature = temperature.to(torch.float32).contiguous()
+            prefix = prefix.to(torch.int64).contiguous()
+            if temperature.shape != (x.shape[0],) or prefix.shape != (x.shape[0],):
+                raise ValueError("HeadScreen: a temperature and a prefix a row")
+            if bool(((temperature > 0) & (temperature < MIN_TEMPERATURE)).any()):
+                raise ValueError(f"HeadScreen: a keyed row's temperature is under "
+                                 f"{MIN_TEMPERATURE}")
+            keys = (temperature.data_ptr(), prefix.data_ptr())
         x = x.contiguous()
         if x.shape[0] == 0:  # a step whose prompt chunks end no prompt
             return None
@@ -142,29 +174,43 @@ class HeadScreen:
         cand = torch.empty(m, CAP, dtype=torch.int32)
         count = torch.empty(m, dtype=torch.int64)
         rc = _entry()(x.data_ptr(), perm.data_ptr(), self.edges.data_ptr(), len(self.edges) - 1,
-                      wq.data_ptr(), stats.data_ptr(), m, n, k, CAP, cand.data_ptr(),
+                      wq.data_ptr(), stats.data_ptr(), m, n, k, *keys, CAP, cand.data_ptr(),
                       count.data_ptr(), torch.get_num_threads())
         return (cand, count) if rc == 0 else None
 
-    def _rescore(self, x: torch.Tensor, cand: torch.Tensor, count: torch.Tensor
+    def _rescore(self, x: torch.Tensor, cand: torch.Tensor, count: torch.Tensor,
+                 temperature: torch.Tensor | None, prefix: torch.Tensor | None
                  ) -> torch.Tensor | None:
         """Each row's best candidate by q8_dpbf16's own sums (of the candidates' columns
-        taken out of the head: the same sums), rows past CAP by q8_dpbf16 whole."""
+        taken out of the head: the same sums): the largest for a greedy row, the largest
+        keyed score for a keyed one; greedy rows past CAP by q8_dpbf16 whole, keyed ones -1."""
+        m = x.shape[0]
+        keyed = (torch.zeros(m, dtype=torch.bool) if temperature is None
+                 else temperature > 0)
         kept = torch.arange(CAP)[None, :] < count[:, None]
         columns_kept = cand[kept].long()
         union = torch.unique(columns_kept)  # sorted: a tie goes to the first column
-        tokens = torch.zeros(x.shape[0], dtype=torch.int64)
+        tokens = torch.full((m,), -1, dtype=torch.int64)
         if union.numel():
             pad = -union.numel() % q8.TILE_N
             columns = torch.cat([union, union[-1:].expand(pad)])
             sums = self.head.take(columns).matmul(x, kernel="dpbf16")
             if sums is None:
                 return None
-            mine = torch.zeros_like(sums, dtype=torch.bool)
             rows = kept.nonzero()[:, 0]
-            mine[rows, torch.searchsorted(union, columns_kept)] = True
+            at = torch.searchsorted(union, columns_kept)
+            mine = torch.zeros_like(sums, dtype=torch.bool)
+            mine[rows, at] = True
             tokens = union[sums.masked_fill(~mine, float("-inf")).argmax(1)]
+            hashed = keyed[rows]
+            if bool(hashed.any()):
+                r, ids = rows[hashed], columns_kept[hashed]
+                score = murmur.keyed_scores(sums[r, at[hashed]], temperature[r], prefix[r], ids)
+                drawn = murmur.keyed_max(r, ids, score, m)
+                tokens = torch.where(keyed, drawn, tokens)
         over = (count < 0).nonzero()[:, 0]
+        tokens[over] = -1
+        over = over[~keyed[over]]
         if over.numel():
             whole = self.head.argmax(x[over], "dpbf16")
             if whole is None:

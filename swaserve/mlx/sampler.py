@@ -19,8 +19,6 @@ eval: a second, small eval, only for nuclei wider than BOUNDED_TOP_K.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from swaserve.mlx import require
@@ -117,12 +115,7 @@ class MLXSampler(Sampler):
             tokens = mx.argmax(logits, axis=-1)
             self.step.evaluate(tokens)
             return SamplerOutput(to_torch(tokens).long(), None, None, None, [])
-        free = [i for i, r in enumerate(rows) if r.seed is None and not r.params.greedy]
-        if free:  # greedy rows consume no randomness
-            fresh = torch.randint(0, 2**62, (len(free),), generator=self.generator).tolist()
-            rows = list(rows)
-            for i, seed in zip(free, fresh):
-                rows[i] = dataclasses.replace(rows[i], seed=seed)
+        rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
         prefix = to_mx(st.prefix).astype(mx.uint32)
         temp = to_mx(st.temperature)

@@ -18,9 +18,9 @@ from torch import nn
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
-from swaserve.kernels.screen import HeadScreen
+from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
 from swaserve.models.attention import AttentionBackend, SDPABackend
-from swaserve.models.context import Argmaxes, ForwardContext, SplitLogits
+from swaserve.models.context import Argmaxes, ForwardContext, KeyedRows, SplitLogits
 from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
@@ -248,7 +248,8 @@ class CausalLM(nn.Module):
         """Logits of final-normed hidden rows (soft-capped where the family caps them);
         under tensor parallelism rank 0 gets all of them and the other ranks None. With
         `ctx.argmax_only`, their argmaxes where an int8 head's tile kernel takes the rows;
-        with `ctx.argmax_rows`, those rows' argmaxes and the others' logits (SplitLogits)."""
+        with `ctx.argmax_rows` or `ctx.keyed`, the tokens of those rows it can give and the
+        others' logits (SplitLogits)."""
         logits = None
         argmaxes = (self.lm_head_q8 is not None and self.tp is None
                     and not self.cfg.final_logit_softcapping)
@@ -256,7 +257,7 @@ class CausalLM(nn.Module):
             tokens = self._greedy_tokens(x, ctx.q8_kernel)
             if tokens is not None:
                 return Argmaxes(tokens, self.lm_head_q8.shape[0])
-        if argmaxes and ctx.argmax_rows:
+        if argmaxes and (ctx.argmax_rows or ctx.keyed is not None):
             split = self._split_head(x, ctx)
             if split is not None:
                 return split
@@ -271,35 +272,70 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits.float() / cap) * cap
         return logits if self.tp is None else self.tp.gather_logits(logits)
 
+    def _screen_tokens(self, x: torch.Tensor, keyed: KeyedRows | None = None,
+                       rows: list[int] | None = None) -> torch.Tensor | None:
+        """`HeadScreen.tokens` of x's rows (`keyed`'s rows among `rows`, the step's rows that
+        x holds, with their keys; the others greedy); None without a screen or where it
+        gives none. A screen that raises is turned off."""
+        if self.head_screen is None:
+            return None
+        keys = ()
+        if keyed is not None:
+            at = {r: j for j, r in enumerate(rows)}
+            where = torch.tensor([at[r] for r in keyed.rows], dtype=torch.int64)
+            temperature = torch.zeros(len(rows), dtype=torch.float32).index_copy_(
+                0, where, keyed.temperature.cpu())
+            prefix = torch.zeros(len(rows), dtype=torch.int64).index_copy_(
+                0, where, keyed.prefix.cpu())
+            keys = (temperature, prefix)
+        try:
+            return self.head_screen.tokens(x, *keys)
+        except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
+            log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
+            self.head_screen = None
+            return None
+
     def _greedy_tokens(self, x: torch.Tensor, kernel: str | None) -> torch.Tensor | None:
         """The argmaxes of x's rows from the int8 head's tile kernel `kernel` (as `matmul`
         picks it; through the screen where that is q8_dpbf16): the same tokens as its sums';
         None where no tile kernel takes the rows or a sum is NaN."""
         if self.head_screen is not None and self.head_screen.takes(x, kernel):
-            try:
-                tokens = self.head_screen.argmax(x)
-                if tokens is not None:
-                    return tokens
-            except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
-                log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
-                self.head_screen = None
+            tokens = self._screen_tokens(x)
+            if tokens is not None:
+                return tokens
         return self.lm_head_q8.argmax(x, kernel)
 
     def _split_head(self, x: torch.Tensor, ctx: ForwardContext) -> SplitLogits | None:
-        """`ctx.argmax_rows`' argmaxes and the other rows' logits, each on the kernel the
-        head's matmul takes for all the step's rows; None where the head would not run
-        them on a tile kernel (the caller computes every row's logits then)."""
+        """Tokens of `ctx.argmax_rows` (their argmaxes) and of `ctx.keyed`'s rows where the
+        screen draws them (a step whose head takes q8_dpbf16), and the other rows' logits,
+        each on the kernel the head's matmul takes for all the step's rows; None where the
+        head would not run them on a tile kernel, or no row got a token (the caller
+        computes every row's logits then)."""
         head = self.lm_head_q8
         kernel = head.kernel_for(x.shape[0], ctx.q8_kernel, any_rows=True)
         if kernel is None or not head.takes(x, ctx.q8_kernel):
             return None
-        greedy = ctx.argmax_rows
-        others = sorted(set(range(x.shape[0])) - set(greedy))
-        tokens = self._greedy_tokens(x[greedy], kernel)
-        if tokens is None:
+        greedy = ctx.argmax_rows or []
+        rows, tokens = greedy, None
+        keyed = ctx.keyed
+        if (keyed is not None and self.head_screen is not None
+                and self.head_screen.takes(x, ctx.q8_kernel)
+                and bool((keyed.temperature >= MIN_TEMPERATURE).all())):
+            rows = sorted(set(greedy) | set(keyed.rows))
+            tokens = self._screen_tokens(x[rows], keyed, rows)
+        if tokens is None:  # the greedy rows alone
+            rows = greedy
+            tokens = self._greedy_tokens(x[rows], kernel) if rows else None
+            if tokens is None:
+                return None
+        settled = tokens >= 0  # a keyed row past the screen's cap: -1, it takes logits
+        chosen = [r for r, ok in zip(rows, settled.tolist()) if ok]
+        if not chosen:
             return None
-        logits = head.matmul(x[others], out=self._logits_buffer(len(others)), kernel=kernel)
-        return None if logits is None else SplitLogits(logits, tokens, greedy)
+        others = sorted(set(range(x.shape[0])) - set(chosen))
+        logits = (head.matmul(x[others], out=self._logits_buffer(len(others)), kernel=kernel)
+                  if others else torch.empty(0, head.shape[0]))
+        return None if logits is None else SplitLogits(logits, tokens[settled], chosen)
 
     @timed("prompt scoring")
     def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:

@@ -92,6 +92,20 @@ class ForwardContext:
     # some rows are plain greedy and some are not, one row per logits row: the greedy ones
     # (logits rows, increasing); the model may return SplitLogits (below) for the logits
     argmax_rows: list[int] | None = None
+    # rows that sample by a temperature alone with keyed noise, one row per logits row: the
+    # model may return their tokens too (SplitLogits) where it finds them without their logits
+    keyed: KeyedRows | None = None
+
+
+@dataclass
+class KeyedRows:
+    """Logits rows whose token is the keyed Gumbel-max of their logits at a temperature, and
+    nothing else of them is read (sampling/sampler.py `keyed_rows`): the token is
+    argmax_t float32(logit_t / temperature) + g(prefix, t), g from sampling/murmur.py."""
+
+    rows: list[int]  # increasing
+    temperature: torch.Tensor  # float32 [R], > 0
+    prefix: torch.Tensor  # int64 [R]: murmur.row_prefix of each row's seed and position
 
 
 @dataclass
@@ -113,28 +127,29 @@ class Argmaxes:
 
 @dataclass
 class SplitLogits:
-    """Stands in for a step's logits when some rows are plain greedy and others are not
-    (`ForwardContext.argmax_rows`): the greedy rows' argmaxes and the other rows' logits,
-    each computed as the head computes the whole step's rows (the same kernel), so that
-    every row gets the token (and logprobs) full logits would give it."""
+    """Stands in for a step's logits when the model gave some rows' tokens itself (plain
+    greedy rows, `ForwardContext.argmax_rows`, and keyed ones, `ForwardContext.keyed`) and
+    the others need logits: those tokens and the other rows' logits, each computed as the
+    head computes the whole step's rows (the same kernel), so that every row gets the token
+    (and logprobs) full logits would give it."""
 
-    logits: torch.Tensor  # [rows - len(greedy), V]: the other rows' logits, in row order
-    tokens: torch.Tensor  # int64 [len(greedy)]: the greedy rows' argmaxes
-    greedy: list[int]  # the greedy rows, increasing
+    logits: torch.Tensor  # [rows - len(chosen), V]: the other rows' logits, in row order
+    tokens: torch.Tensor  # int64 [len(chosen)]: the chosen rows' tokens
+    chosen: list[int]  # the rows with a token, increasing
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.logits.shape[0] + len(self.greedy), self.logits.shape[1])
+        return (self.logits.shape[0] + len(self.chosen), self.logits.shape[1])
 
     @property
     def others(self) -> list[int]:
-        greedy = set(self.greedy)
-        return [i for i in range(self.shape[0]) if i not in greedy]
+        chosen = set(self.chosen)
+        return [i for i in range(self.shape[0]) if i not in chosen]
 
     def __getitem__(self, rows: slice) -> SplitLogits:
         """The rows of a slice (the sampler's row-by-row retry takes them one at a time)."""
         picked = range(self.shape[0])[rows]
-        where = {r: j for j, r in enumerate(self.greedy)}
+        where = {r: j for j, r in enumerate(self.chosen)}
         others = {r: j for j, r in enumerate(self.others)}
         g = [i for i, r in enumerate(picked) if r in where]
         o = [others[r] for r in picked if r in others]

@@ -68,3 +68,23 @@ def gumbel_from_hash(h: torch.Tensor) -> torch.Tensor:
     The clamp keeps u = 1 finite (~22.18); u = 0 gives -inf, never NaN."""
     u = h.double() / float(M32)
     return -torch.log(torch.clamp_min(-torch.log(u), NOISE_MAX_EXP_CLAMP))
+
+
+def keyed_scores(x: torch.Tensor, temperature: torch.Tensor, prefix: torch.Tensor,
+                 ids: torch.Tensor) -> torch.Tensor:
+    """float64 Gumbel-max scores of keyed rows, elementwise over [N]: float32(x /
+    temperature) (x a float32 logit) plus the noise of (prefix, id)."""
+    noise = gumbel_from_hash(murmur_hash(prefix, ids[:, None]))[:, 0]
+    return (x.float() / temperature).double() + noise
+
+
+def keyed_max(rows: torch.Tensor, ids: torch.Tensor, score: torch.Tensor, n: int
+              ) -> torch.Tensor:
+    """int64 [n]: for each of n rows, the smallest id among its largest scores (as `argmax`
+    breaks ties) over (rows, ids, score) triples; -1 for a row with none or only NaN ones."""
+    best = torch.full((n,), float("-inf"), dtype=torch.float64, device=score.device)
+    best = best.scatter_reduce(0, rows, score, "amax")
+    win = score == best[rows]
+    first = torch.full((n,), 1 << 62, dtype=torch.int64, device=score.device)
+    first = first.scatter_reduce(0, rows[win], ids[win], "amin")
+    return torch.where(first < 1 << 62, first, -1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swaserve.kernels import gumbel
-from swaserve.models.context import Argmaxes, SplitLogits
+from swaserve.models.context import Argmaxes, KeyedRows, SplitLogits
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 
@@ -75,12 +75,8 @@ class SamplingTensors:
         top_k = [vocab if r.params.top_k in (-1, 0) else min(r.params.top_k, vocab) for r in rows]
         filtering = [not g and (k < vocab or r.params.top_p < 1.0 or r.params.min_p > 0.0)
                      for g, k, r in zip(greedy, top_k, rows)]
-        seeds = [r.seed if r.seed is not None else 0 for r in rows]
-        lo_hi = [murmur.split_seed(s) for s in seeds]
         t = lambda data, dt: torch.tensor(data, dtype=dt, device=device)  # noqa: E731
-        prefix = murmur.row_prefix(t([x[0] for x in lo_hi], torch.int64),
-                                   t([x[1] for x in lo_hi], torch.int64),
-                                   t([r.position for r in rows], torch.int64))
+        prefix = row_prefixes(rows, device)
         bi, bt, bv = [], [], []
         for i, r in enumerate(rows):
             for tok, val in (r.params.logit_bias or {}).items():
@@ -104,6 +100,27 @@ class SamplingTensors:
             logprob_rows=want_lp,
             num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
         )
+
+
+def row_prefixes(rows: list[SamplerRow], device: torch.device) -> torch.Tensor:
+    """int64 [B]: each row's murmur prefix of (seed, position); an unkeyed row's seed as 0."""
+    lo_hi = [murmur.split_seed(r.seed if r.seed is not None else 0) for r in rows]
+    t = lambda data: torch.tensor(data, dtype=torch.int64, device=device)  # noqa: E731
+    return murmur.row_prefix(t([x[0] for x in lo_hi]), t([x[1] for x in lo_hi]),
+                             t([r.position for r in rows]))
+
+
+def keyed_rows(rows: list[SamplerRow], device: torch.device) -> KeyedRows | None:
+    """The rows whose token the model may find itself (ForwardContext.keyed): light rows
+    that sample (by a temperature alone, already keyed: `Sampler.keyed`); None if none."""
+    idx = [i for i, r in enumerate(rows)
+           if light(r) and not r.params.greedy and r.seed is not None]
+    if not idx:
+        return None
+    picked = [rows[i] for i in idx]
+    return KeyedRows(idx, torch.tensor([float(r.params.temperature) for r in picked],
+                                       dtype=torch.float32, device=device),
+                     row_prefixes(picked, device))
 
 
 ARGMAX_CHUNK = 512
@@ -283,12 +300,13 @@ class Sampler:
         rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
         return murmur.gumbel_from_hash(murmur.murmur_hash(st.prefix[rows_t], token_ids))
 
-    def _keyed(self, rows: list[SamplerRow]) -> list[SamplerRow]:
+    def keyed(self, rows: list[SamplerRow]) -> list[SamplerRow]:
         """Rows that sample without a seed get a fresh one from the sampler's generator, so
         every sampling row's noise is keyed by vocabulary id: a temperature-only row hashes
         only the tokens that can win (`_seeded_gumbel_max`) where float64 exponential noise
-        for all 262,144 ids took ~11 ms a row; the same draws as the MLX sampler. Greedy
-        rows consume no randomness."""
+        for all 262,144 ids took ~11 ms a row. Greedy rows consume no randomness. The
+        engine keys a step's rows before its forward (the LM head may draw keyed rows'
+        tokens, `keyed_rows`); a call with unkeyed rows keys them itself."""
         free = [i for i, r in enumerate(rows) if r.seed is None and not r.params.greedy]
         if not free:
             return rows
@@ -299,12 +317,15 @@ class Sampler:
         return rows
 
     def _split(self, logits: SplitLogits, rows: list[SamplerRow]) -> SamplerOutput:
-        """The greedy rows' tokens as the model gave them, the others sampled from their
-        logits; logprob rows and failures indexed by the step's rows."""
-        if len(rows) != logits.shape[0] or not all(plain_greedy(rows[i]) for i in logits.greedy):
-            raise ValueError("the model returned argmaxes for rows that sample")
+        """The chosen rows' tokens as the model gave them (plain greedy rows and keyed
+        temperature-only ones: `light`), the others sampled from their logits; logprob rows
+        and failures indexed by the step's rows."""
+        if len(rows) != logits.shape[0] or not all(
+                light(rows[i]) and (rows[i].params.greedy or rows[i].seed is not None)
+                for i in logits.chosen):
+            raise ValueError("the model returned tokens for rows it cannot sample")
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
-        tokens[logits.greedy] = logits.tokens.to(self.device)
+        tokens[logits.chosen] = logits.tokens.to(self.device)
         others = logits.others
         if not others:
             return SamplerOutput(tokens, None, None, None, [])
@@ -329,7 +350,7 @@ class Sampler:
         if sum(not light(r) for r in rows) > chunk:  # whole-row temporaries, a run at a time
             return SamplerOutput.cat([self(logits[i:i + chunk], rows[i:i + chunk])
                                       for i in range(0, len(rows), chunk)], self.device)
-        rows = self._keyed(rows)
+        rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
         # filtering rows with top_k above the bound need their whole row in float32
         wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K]
@@ -398,26 +419,20 @@ class Sampler:
         prefix = st.prefix[rows_t]
         temp = st.temperature[rows_t]
         top = _argmax(logits)  # a largest x too: dividing by a temperature keeps the order
-        g_top = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, top[:, None]))[:, 0]
-        x_top = (logits.gather(1, top[:, None])[:, 0].float() / temp).double()
-        found = gumbel.candidates(logits, temp, x_top + g_top, prefix)
+        best = murmur.keyed_scores(logits.gather(1, top[:, None])[:, 0], temp, prefix, top)
+        found = gumbel.candidates(logits, temp, best, prefix)
         if found is not None:
             r, t = found
         else:
-            bound = x_top + g_top - murmur.NOISE_MAX
+            bound = best - murmur.NOISE_MAX
             margin = (bound.abs() + 1) * 2.0**-20
             r, t = (logits >= ((bound - margin) * temp.double()).float()[:, None]).nonzero(
                 as_tuple=True)
-        x = (logits[r, t].float() / temp[r]).double()
-        score = x + murmur.gumbel_from_hash(murmur.murmur_hash(prefix[r], t[:, None]))[:, 0]
-        best = torch.full((len(idx),), float("-inf"), dtype=torch.float64, device=self.device)
-        best = best.scatter_reduce(0, r, score, "amax")
-        win = score == best[r]
-        first = torch.full((len(idx),), self.vocab, dtype=torch.int64, device=self.device)
-        first = first.scatter_reduce(0, r[win], t[win], "amin")
+        first = murmur.keyed_max(r, t, murmur.keyed_scores(logits[r, t], temp[r], prefix[r], t),
+                                 len(idx))
         # a row without candidates has a NaN logit (its bound is NaN): its largest, as a
         # token in range (whose request the engine then goes on with, as for a greedy row)
-        return torch.where(first < self.vocab, first, top)
+        return torch.where(first >= 0, first, top)
 
     def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
                          pos: dict[int, int], st: SamplingTensors) -> torch.Tensor:

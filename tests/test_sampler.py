@@ -278,7 +278,7 @@ def _sorted_reference(logits_row: torch.Tensor, p: SamplingParams, r) -> int:
     """The token of a seeded filtering row drawn over the whole sorted vocabulary."""
     from swaserve.sampling.sampler import filter_sorted
 
-    vals, ids = (logits_row / p.temperature).sort(descending=True)
+    vals, ids = (logits_row / p.temperature).sort(descending=True, stable=True)
     top_k = torch.tensor([p.top_k if p.top_k > 0 else len(vals)])
     keep = filter_sorted(vals[None], top_k, torch.tensor([p.top_p]), torch.tensor([p.min_p]))[0]
     lo, hi = murmur.split_seed(r.seed)
@@ -301,11 +301,20 @@ def test_top_p_over_whole_vocabulary_matches_full_sort(scale, backend):
         assert got[i].item() == _sorted_reference(logits[i], p, r)
 
 
-def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch):
+@pytest.mark.parametrize("nucleus_kernel", [True, False])
+def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch, nucleus_kernel):
     """Rows whose kept set passes BOUNDED_TOP_K but fits WIDE_TOP_K (here 3,000 of 5,000)
-    draw from the wide candidates, with the full sort's token; the others still sort."""
+    draw from the wide candidates, with the full sort's token; the others still sort.
+    With gumbel.c's nucleus kernel, rows over the whole vocabulary (top_k = all) take it
+    instead and none of them sorts; without it (forced off) they take the same paths as
+    the others. Every token is the full sort's."""
+    from swaserve.kernels import gumbel
     from swaserve.sampling import sampler as sampler_mod
 
+    if nucleus_kernel and gumbel.nucleus_entry() is None:
+        pytest.skip("no C compiler for gumbel.c")
+    if not nucleus_kernel:
+        monkeypatch.setattr(gumbel, "nucleus_entry", lambda: None)
     monkeypatch.setattr(sampler_mod, "WIDE_TOP_K", 3000)
     v = 5000
     logits = torch.randn(8, v, generator=torch.Generator().manual_seed(3)) * 2.0
@@ -331,7 +340,57 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch):
         pr = torch.softmax(logits[i] / p.temperature, -1).sort(descending=True).values
         nucleus.append(int((pr.cumsum(0) - pr < p.top_p).sum()))
     assert sum(1024 < n <= 3000 for n in nucleus[:6]) >= 2, nucleus  # the wide tier ran
-    assert sorts == [2]  # only the two flat rows sorted the vocabulary
+    # only the two flat rows sorted the vocabulary; with the kernel, only the one whose
+    # top_k is not all (the other flat one is a nucleus row)
+    assert sorts == ([1] if nucleus_kernel else [2])
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_nucleus_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, ties):
+    """Nucleus rows over the whole vocabulary (top-p, min-p, both; peaked, spread and flat
+    rows; a vocabulary that is not a multiple of 16; edited rows beside raw ones), each
+    drawn by gumbel.c's kept set without a sort: the token of the whole sorted row
+    (ties: logits on a grid of 1/4, so that equal values straddle the cut, ordered by id)."""
+    from swaserve.kernels import gumbel
+
+    if gumbel.nucleus_entry() is None:
+        pytest.skip("no C compiler for gumbel.c")
+    v = 20003
+    g = torch.Generator().manual_seed(41 + ties)
+    scales = [6.0, 2.0, 1.0, 0.3, 0.05]
+    logits = torch.cat([torch.randn(1, v, generator=g) * scales[i % 5] for i in range(30)])
+    if ties:
+        logits = (logits * 4).round() / 4
+    # row 26 (top-p .99 at T = 1): three ids on top, the rest ~13 under them with ~2 % of
+    # the mass, so that its nucleus ends past the buckets the kernel sums first
+    logits[26] = -13 - 0.4 * torch.rand(v, generator=g)
+    logits[26, [3, 500, 9000]] = torch.tensor([0.0, -0.5, -1.0])
+    kinds = [dict(top_p=0.9), dict(top_p=0.5), dict(top_p=0.99), dict(min_p=0.05),
+             dict(min_p=0.2, top_p=0.95), dict(top_p=0.95, temperature=0.7),
+             dict(top_p=0.8, temperature=1.5, presence_penalty=0.5),
+             dict(top_p=0.9, logit_bias={5: 3.0})]
+    params = [SamplingParams(seed=i, **{"temperature": 1.0, **kinds[i % len(kinds)]})
+              for i in range(30)]
+    rows = [row(p, pos=7 + i, out=(5, 9)) for i, p in enumerate(params)]
+    left = []
+    real = Sampler._draw_sorted
+    monkeypatch.setattr(Sampler, "_draw_sorted", lambda self, lg, fl, pos, st, idx: (
+        left.extend(idx), real(self, lg, fl, pos, st, idx))[1])
+    got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
+    monkeypatch.undo()
+    # every row from the kernel but flat ones: at scale 1 or under every kept id is within
+    # GUMBEL_LOW of the best, past the kernel's cap (a real model's rows keep tens)
+    assert all(scales[i % 5] <= 1 and i != 26 for i in left), left
+    assert params[26].top_p == 0.99 and params[26].temperature == 1.0
+    probs = torch.softmax(logits[26].double(), -1).sort(descending=True).values
+    assert probs[:3].sum() < 0.99  # the edge is in the tail, 12.6 and more under the max
+    for i, (p, r) in enumerate(zip(params, rows)):
+        x = logits[i].clone()
+        if p.presence_penalty:
+            x[[5, 9]] -= p.presence_penalty
+        for t, b in (p.logit_bias or {}).items():
+            x[t] += b
+        assert got[i].item() == _sorted_reference(x, p, r), (i, p)
 
 
 def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():

@@ -1,6 +1,7 @@
 """The ids of keyed sampling rows that could win their Gumbel-max, from one C pass over the
 logits (`gumbel.c`): the bound alone leaves ~25,000 ids a row at temperature 1 to hash in
-torch, the hash in C leaves tens."""
+torch, the hash in C leaves tens. Nucleus rows (top-p / min-p over the whole vocabulary)
+the same from their kept sets, found without sorting the vocabulary."""
 
 from __future__ import annotations
 
@@ -41,3 +42,38 @@ def candidates(logits: torch.Tensor, temp: torch.Tensor, best: torch.Tensor,
     r = torch.repeat_interleave(torch.arange(rows), count)
     j = torch.arange(len(r)) - torch.repeat_interleave(count.cumsum(0) - count, count)
     return r, out[r, j]
+
+
+def nucleus_entry():
+    return build.function("gumbel", "nucleus_candidates")
+
+
+def nucleus_candidates(logits: torch.Tensor, rows: list[int], temp: torch.Tensor,
+                       top_p: torch.Tensor, min_p: torch.Tensor, prefix: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """For nucleus rows `rows` of logits [B, V] (float32, CPU, contiguous) with their
+    temperature, top_p, min_p and murmur prefix ([R] each): (r, ids) int64 of every id
+    of a row's kept set whose score could reach its best, in row then id order (r indexes
+    `rows`), and settled [R] bool: the rows the kernel took (the others: a NaN, a nucleus
+    past its buckets, too many candidates). None when the kernel is absent or the logits
+    are not what it takes."""
+    if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
+            or not logits.is_contiguous()):
+        return None
+    fn = nucleus_entry()
+    if fn is None:
+        return None
+    n, vocab = len(rows), logits.shape[1]
+    index = torch.tensor(rows, dtype=torch.int64)
+    args = [a.to(dt).contiguous() for a, dt in ((temp, torch.float32), (top_p, torch.float32),
+                                                 (min_p, torch.float32), (prefix, torch.int64))]
+    cap = min(vocab, CAP_PER_ROW)
+    out = torch.empty(n, cap, dtype=torch.int64)
+    count = torch.empty(n, dtype=torch.int64)
+    fn(logits.data_ptr(), index.data_ptr(), n, vocab, *(a.data_ptr() for a in args), cap,
+       out.data_ptr(), count.data_ptr(), torch.get_num_threads())
+    settled = count >= 0
+    taken = count.clamp(min=0)
+    r = torch.repeat_interleave(torch.arange(n), taken)
+    j = torch.arange(len(r)) - torch.repeat_interleave(taken.cumsum(0) - taken, taken)
+    return r, out[r, j], settled

@@ -353,7 +353,12 @@ class Sampler:
         rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
         # filtering rows with top_k above the bound need their whole row in float32
-        wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K]
+        # (a nucleus row over the whole vocabulary not where gumbel.c reads the logits as
+        # they are)
+        direct = (logits.dtype == torch.float32 and logits.device.type == "cpu"
+                  and logits.is_contiguous() and gumbel.nucleus_entry() is not None)
+        wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K
+                       and not (direct and int(st.top_k[i]) >= self.vocab)]
         # Only rows that are edited, asked for logprobs or filtered past the bound get a
         # float32 copy; the others are read in the model dtype, which is exact: the widening
         # is monotone and a positive temperature does not reorder a row.
@@ -436,12 +441,68 @@ class Sampler:
 
     def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
                          pos: dict[int, int], st: SamplingTensors) -> torch.Tensor:
+        """Tokens of the filtering rows: nucleus rows over the whole vocabulary from their
+        kept sets in C (`_draw_nucleus`), the others (and those it leaves) on sorted
+        candidates (`_draw_sorted`)."""
+        idx = st.filter_rows
+        tokens = torch.empty(len(idx), dtype=torch.int64, device=self.device)
+        at = {i: j for j, i in enumerate(idx)}
+        settled, drawn = self._draw_nucleus(logits, fl, pos, st,
+                                            [i for i in idx if int(st.top_k[i]) >= self.vocab])
+        if settled:
+            tokens[[at[i] for i in settled]] = drawn
+        rest = [i for i in idx if i not in set(settled)]
+        if rest:
+            tokens[[at[i] for i in rest]] = self._draw_sorted(logits, fl, pos, st, rest)
+        return tokens
+
+    def _draw_nucleus(self, logits: torch.Tensor, fl: torch.Tensor | None,
+                      pos: dict[int, int], st: SamplingTensors, rows: list[int]
+                      ) -> tuple[list[int], torch.Tensor]:
+        """(the rows settled, their tokens) of nucleus rows (top-p / min-p, top_k = all):
+        gumbel.c finds each row's kept set without sorting the vocabulary (a prefix of (x
+        descending, id ascending): p = e^(x - max) / their float64 sum; a row's last kept
+        id is where the mass before it reaches top_p, min-p by x - max >= log min_p) and its
+        ids that can win; their exact scores are torch's float64 as everywhere. A row it
+        leaves (a NaN, a nucleus past its buckets, no kernel, bf16 logits not copied) goes
+        to the sorted candidates."""
+        settled: list[int] = []
+        drawn: list[torch.Tensor] = []
+        for src, group in ((fl, [i for i in rows if i in pos]),
+                           (logits, [i for i in rows if i not in pos])):
+            if not group:
+                continue
+            at = [pos[i] for i in group] if src is fl else group
+            g = self._index(group)
+            temp, prefix = st.temperature[g], st.prefix[g]
+            found = gumbel.nucleus_candidates(src, at, temp, st.top_p[g], st.min_p[g], prefix)
+            if found is None:
+                continue
+            r, ids, ok = found
+            score = murmur.keyed_scores(src[self._index(at)[r], ids], temp[r], prefix[r], ids)
+            first = murmur.keyed_max(r, ids, score, len(group))
+            ok &= first >= 0
+            settled += [i for i, k in zip(group, ok.tolist()) if k]
+            drawn.append(first[ok])
+        return settled, (torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64))
+
+    def _float_rows(self, logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
+                    rows: list[int]) -> torch.Tensor:
+        """float32 [R, V]: the rows' edited copies where they have one, else their logits."""
+        if all(i in pos for i in rows):
+            return fl.index_select(0, self._index([pos[i] for i in rows]))
+        out = torch.empty(len(rows), logits.shape[1], dtype=torch.float32, device=self.device)
+        for j, i in enumerate(rows):
+            out[j] = fl[pos[i]] if i in pos else logits[i]
+        return out
+
+    def _draw_sorted(self, logits: torch.Tensor, fl: torch.Tensor | None,
+                     pos: dict[int, int], st: SamplingTensors, idx: list[int]) -> torch.Tensor:
         """Filter and draw on sorted candidates: one `topk` of width K_max (<= BOUNDED_TOP_K)
-        for every filtering row. A row with top_k = all is exact on those candidates when its
+        for filtering rows `idx`. A row with top_k = all is exact on those candidates when its
         last candidate is filtered out (top-p and min-p are monotone in rank), with
         probabilities normalised over the whole vocabulary; other wide rows sort the whole
         vocabulary. Seeded noise is keyed by token id, so both give the same token."""
-        idx = st.filter_rows
         k = st.top_k[idx]
         temp = st.temperature[idx, None]
         width = min(int(k.max()), BOUNDED_TOP_K)
@@ -461,7 +522,7 @@ class Sampler:
         log_norm = rows_full = lse = None
         if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
             log_norm = torch.zeros(len(idx), device=self.device)
-            rows_full = fl.index_select(0, self._index([pos[idx[j]] for j in wide])) / temp[wide]
+            rows_full = self._float_rows(logits, fl, pos, [idx[j] for j in wide]) / temp[wide]
             lse = torch.logsumexp(rows_full, dim=-1)
             log_norm[wide] = lse
             use = torch.zeros(len(idx), dtype=torch.bool, device=self.device)

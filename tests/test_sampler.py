@@ -276,7 +276,7 @@ def test_unseeded_rows_draw_a_seed_and_sample_as_seeded_rows():
 
 def _sorted_reference(logits_row: torch.Tensor, p: SamplingParams, r) -> int:
     """The token of a seeded filtering row drawn over the whole sorted vocabulary."""
-    from swaserve.sampling.sampler import filter_sorted
+    from swaserve.sampling.filtering import filter_sorted
 
     vals, ids = (logits_row / p.temperature).sort(descending=True, stable=True)
     top_k = torch.tensor([p.top_k if p.top_k > 0 else len(vals)])
@@ -309,13 +309,13 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch, nu
     instead and none of them sorts; without it (forced off) they take the same paths as
     the others. Every token is the full sort's."""
     from swaserve.kernels import gumbel
-    from swaserve.sampling import sampler as sampler_mod
+    from swaserve.sampling import filtering
 
     if nucleus_kernel and gumbel.nucleus_entry() is None:
         pytest.skip("no C compiler for gumbel.c")
     if not nucleus_kernel:
         monkeypatch.setattr(gumbel, "nucleus_entry", lambda: None)
-    monkeypatch.setattr(sampler_mod, "WIDE_TOP_K", 3000)
+    monkeypatch.setattr(filtering, "WIDE_TOP_K", 3000)
     v = 5000
     logits = torch.randn(8, v, generator=torch.Generator().manual_seed(3)) * 2.0
     logits[6:] *= 0.02  # flat: past the wide width too
@@ -372,10 +372,12 @@ def test_nucleus_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, tie
     params = [SamplingParams(seed=i, **{"temperature": 1.0, **kinds[i % len(kinds)]})
               for i in range(30)]
     rows = [row(p, pos=7 + i, out=(5, 9)) for i, p in enumerate(params)]
+    from swaserve.sampling import filtering
+
     left = []
-    real = Sampler._draw_sorted
-    monkeypatch.setattr(Sampler, "_draw_sorted", lambda self, lg, fl, pos, st, idx: (
-        left.extend(idx), real(self, lg, fl, pos, st, idx))[1])
+    real = filtering._draw_sorted
+    monkeypatch.setattr(filtering, "_draw_sorted", lambda lg, fl, pos, st, idx, vocab: (
+        left.extend(idx), real(lg, fl, pos, st, idx, vocab))[1])
     got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
     monkeypatch.undo()
     # every row from the kernel but flat ones: at scale 1 or under every kept id is within

@@ -25,9 +25,8 @@ from swaserve.mlx import require
 from swaserve.mlx.cache import to_mx, to_torch
 from swaserve.mlx.step import StepGraph
 from swaserve.sampling import murmur
+from swaserve.sampling.filtering import BOUNDED_TOP_K, WIDE_TOP_K
 from swaserve.sampling.sampler import (
-    BOUNDED_TOP_K,
-    WIDE_TOP_K,
     Sampler,
     SamplerOutput,
     SamplerRow,

@@ -6,10 +6,9 @@ float32 logits -> + additive edit row (logit_bias; grammar masks join here as 0 
 
 Greedy rows take the exact argmax and consume no randomness; a row that samples without a
 seed draws one from the sampler's generator and is keyed like a seeded row. Temperature-only
-rows skip the sort and hash only the ids that can win. Filtering rows work on `[B, K_max]`
-candidates from one `topk` when every one of them has top_k <= BOUNDED_TOP_K, else on the
-sorted vocabulary; both pick the same token for a seeded row because its noise is keyed by
-vocabulary id (murmur.py).
+rows skip the sort and hash only the ids that can win. Filtering rows (top-k, top-p, min-p)
+draw in filtering.py; every path picks the same token for a keyed row because its noise is
+keyed by vocabulary id (murmur.py).
 """
 
 from __future__ import annotations
@@ -23,10 +22,9 @@ import torch
 from swaserve.kernels import gumbel
 from swaserve.models.context import Argmaxes, KeyedRows, SplitLogits
 from swaserve.sampling import murmur
+from swaserve.sampling.filtering import BOUNDED_TOP_K, draw_filtered
 from swaserve.sampling.params import SamplingParams
 
-BOUNDED_TOP_K = 1024
-WIDE_TOP_K = 8192  # the second width tried before a row sorts the whole vocabulary
 # float32 bytes of whole rows a call works on at once, in runs of rows: glibc gives every
 # allocation of 32 MiB or more fresh pages from mmap, so [32, 262144] float32 temporaries
 # cost ~12 ms of page faults each (a copy into reused memory: 2.7 ms); 8 MiB ones come
@@ -261,28 +259,6 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int]
     logits[at] = sub
 
 
-def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor,
-                  log_norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """vals [B, N] sorted descending (temperature-scaled logits). Returns the keep mask:
-    top-k by rank, then top-p over the renormalised top-k set, then min-p relative to the
-    most likely token. The first candidate is always kept. `log_norm` = (values, rows):
-    rows whose vals are only the head of the whole vocabulary, with its log normaliser."""
-    n = vals.shape[1]
-    rank = torch.arange(n, device=vals.device)[None, :]
-    keep = rank < top_k[:, None]
-    masked = vals.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(masked, dim=-1)
-    if log_norm is not None:
-        norm, rows = log_norm
-        probs = torch.where(rows[:, None], torch.exp(masked - norm[:, None]), probs)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each candidate
-    keep &= before < top_p[:, None]
-    keep &= probs >= min_p[:, None] * probs[:, :1]
-    keep[:, 0] = True
-    return keep
-
-
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
         self.vocab = vocab_size
@@ -293,12 +269,6 @@ class Sampler:
     def _index(self, idx: list[int]) -> torch.Tensor:
         """Row numbers as a tensor: `index_select` gathers rows ~4x faster than t[list]."""
         return torch.tensor(idx, dtype=torch.int64, device=self.device)
-
-    def _noise(self, st: SamplingTensors, rows: list[int], token_ids: torch.Tensor) -> torch.Tensor:
-        """Gumbel noise (float64) for `rows` (keyed, `_keyed`) at vocabulary ids `token_ids`
-        ([R, N] or [N])."""
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        return murmur.gumbel_from_hash(murmur.murmur_hash(st.prefix[rows_t], token_ids))
 
     def keyed(self, rows: list[SamplerRow]) -> list[SamplerRow]:
         """Rows that sample without a seed get a fresh one from the sampler's generator, so
@@ -399,7 +369,7 @@ class Sampler:
                     0, self._index(raw))
                 tokens[raw] = self._seeded_gumbel_max(src, st, raw)
         if st.filter_rows:
-            tokens[st.filter_rows] = self._sample_filtered(logits, fl, pos, st)
+            tokens[st.filter_rows] = draw_filtered(logits, fl, pos, st, self.vocab)
         out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
         if st.logprob_rows:
             lp = torch.log_softmax(scaled(st.logprob_rows), dim=-1)
@@ -438,136 +408,3 @@ class Sampler:
         # a row without candidates has a NaN logit (its bound is NaN): its largest, as a
         # token in range (whose request the engine then goes on with, as for a greedy row)
         return torch.where(first >= 0, first, top)
-
-    def _sample_filtered(self, logits: torch.Tensor, fl: torch.Tensor | None,
-                         pos: dict[int, int], st: SamplingTensors) -> torch.Tensor:
-        """Tokens of the filtering rows: nucleus rows over the whole vocabulary from their
-        kept sets in C (`_draw_nucleus`), the others (and those it leaves) on sorted
-        candidates (`_draw_sorted`)."""
-        idx = st.filter_rows
-        tokens = torch.empty(len(idx), dtype=torch.int64, device=self.device)
-        at = {i: j for j, i in enumerate(idx)}
-        settled, drawn = self._draw_nucleus(logits, fl, pos, st,
-                                            [i for i in idx if int(st.top_k[i]) >= self.vocab])
-        if settled:
-            tokens[[at[i] for i in settled]] = drawn
-        rest = [i for i in idx if i not in set(settled)]
-        if rest:
-            tokens[[at[i] for i in rest]] = self._draw_sorted(logits, fl, pos, st, rest)
-        return tokens
-
-    def _draw_nucleus(self, logits: torch.Tensor, fl: torch.Tensor | None,
-                      pos: dict[int, int], st: SamplingTensors, rows: list[int]
-                      ) -> tuple[list[int], torch.Tensor]:
-        """(the rows settled, their tokens) of nucleus rows (top-p / min-p, top_k = all):
-        gumbel.c finds each row's kept set without sorting the vocabulary (a prefix of (x
-        descending, id ascending): p = e^(x - max) / their float64 sum; a row's last kept
-        id is where the mass before it reaches top_p, min-p by x - max >= log min_p) and its
-        ids that can win; their exact scores are torch's float64 as everywhere. A row it
-        leaves (a NaN, a nucleus past its buckets, no kernel, bf16 logits not copied) goes
-        to the sorted candidates."""
-        settled: list[int] = []
-        drawn: list[torch.Tensor] = []
-        for src, group in ((fl, [i for i in rows if i in pos]),
-                           (logits, [i for i in rows if i not in pos])):
-            if not group:
-                continue
-            at = [pos[i] for i in group] if src is fl else group
-            g = self._index(group)
-            temp, prefix = st.temperature[g], st.prefix[g]
-            found = gumbel.nucleus_candidates(src, at, temp, st.top_p[g], st.min_p[g], prefix)
-            if found is None:
-                continue
-            r, ids, ok = found
-            score = murmur.keyed_scores(src[self._index(at)[r], ids], temp[r], prefix[r], ids)
-            first = murmur.keyed_max(r, ids, score, len(group))
-            ok &= first >= 0
-            settled += [i for i, k in zip(group, ok.tolist()) if k]
-            drawn.append(first[ok])
-        return settled, (torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64))
-
-    def _float_rows(self, logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
-                    rows: list[int]) -> torch.Tensor:
-        """float32 [R, V]: the rows' edited copies where they have one, else their logits."""
-        if all(i in pos for i in rows):
-            return fl.index_select(0, self._index([pos[i] for i in rows]))
-        out = torch.empty(len(rows), logits.shape[1], dtype=torch.float32, device=self.device)
-        for j, i in enumerate(rows):
-            out[j] = fl[pos[i]] if i in pos else logits[i]
-        return out
-
-    def _draw_sorted(self, logits: torch.Tensor, fl: torch.Tensor | None,
-                     pos: dict[int, int], st: SamplingTensors, idx: list[int]) -> torch.Tensor:
-        """Filter and draw on sorted candidates: one `topk` of width K_max (<= BOUNDED_TOP_K)
-        for filtering rows `idx`. A row with top_k = all is exact on those candidates when its
-        last candidate is filtered out (top-p and min-p are monotone in rank), with
-        probabilities normalised over the whole vocabulary; other wide rows sort the whole
-        vocabulary. Seeded noise is keyed by token id, so both give the same token."""
-        k = st.top_k[idx]
-        temp = st.temperature[idx, None]
-        width = min(int(k.max()), BOUNDED_TOP_K)
-        at = {i: j for j, i in enumerate(idx)}
-        vals = torch.empty(len(idx), width, dtype=torch.float32, device=self.device)
-        ids = torch.empty(len(idx), width, dtype=torch.int64, device=self.device)
-        raw = [i for i in idx if i not in pos]
-        if raw:
-            v, t = logits.index_select(0, self._index(raw)).topk(width, dim=-1)
-            vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
-        edited = [i for i in idx if i in pos]
-        if edited:
-            v, t = fl.index_select(0, self._index([pos[i] for i in edited])).topk(width, dim=-1)
-            vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
-        vals = vals / temp
-        wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
-        log_norm = rows_full = lse = None
-        if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
-            log_norm = torch.zeros(len(idx), device=self.device)
-            rows_full = self._float_rows(logits, fl, pos, [idx[j] for j in wide]) / temp[wide]
-            lse = torch.logsumexp(rows_full, dim=-1)
-            log_norm[wide] = lse
-            use = torch.zeros(len(idx), dtype=torch.bool, device=self.device)
-            use[wide] = True
-            log_norm = (log_norm, use)
-        keep = filter_sorted(vals, k, st.top_p[idx], st.min_p[idx], log_norm)
-        score = (vals.double() + self._noise(st, idx, ids)).masked_fill(~keep, float("-inf"))
-        tokens = ids.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
-        sort_rows = [j for j in wide if int(st.top_k[idx[j]]) < self.vocab or bool(keep[j, -1])]
-        if sort_rows:  # the candidates may not hold the whole kept set: wider ones, or all
-            sub = [idx[j] for j in sort_rows]
-            # those rows of rows_full and their normalisers, as computed above
-            of = self._index([wide.index(j) for j in sort_rows])
-            rows, norms = ((rows_full, lse) if sort_rows == wide
-                           else (rows_full.index_select(0, of), lse.index_select(0, of)))
-            tokens[sort_rows] = self._draw_wide(rows, st, sub, norms)
-        return tokens
-
-    def _draw_wide(self, rows: torch.Tensor, st: SamplingTensors, sub: list[int],
-                   norms: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens of rows (temperature-scaled, float32; `norms` their logsumexp where the
-        caller has it) whose kept set may pass BOUNDED_TOP_K: first from WIDE_TOP_K
-        candidates, exact for a row whose top_k fits
-        them or, with top_k = all, whose last candidate is filtered out (a flat
-        distribution's nucleus at T = 1 is often a few thousand tokens: a topk of 8,192 is
-        ~1 ms a row where sorting 262,144 is ~9); the rest sort the whole vocabulary."""
-        tokens = torch.empty(len(sub), dtype=torch.int64, device=self.device)
-        top_k, top_p, min_p = st.top_k[sub], st.top_p[sub], st.min_p[sub]
-        left = list(range(len(sub)))
-        width = WIDE_TOP_K
-        if rows.shape[1] > width:
-            v, t = rows.topk(width, dim=-1)
-            whole = top_k >= self.vocab
-            if norms is None:
-                norms = torch.logsumexp(rows, dim=-1)
-            keep = filter_sorted(v, top_k, top_p, min_p, (norms, whole))
-            score = (v.double() + self._noise(st, sub, t)).masked_fill(~keep, float("-inf"))
-            drawn = t.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
-            exact = (top_k <= width) | (whole & ~keep[:, -1])
-            tokens[exact] = drawn[exact]
-            left = [j for j in left if not bool(exact[j])]
-        if left:
-            v, t = rows[left].sort(dim=-1, descending=True)
-            keep = filter_sorted(v, top_k[left], top_p[left], min_p[left])
-            score = (v.double() + self._noise(st, [sub[j] for j in left], t)).masked_fill(
-                ~keep, float("-inf"))
-            tokens[left] = t.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
-        return tokens

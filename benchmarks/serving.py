@@ -55,9 +55,10 @@ def build_prompts(n: int, tokens: int) -> list[str]:
 
 
 async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, out_tokens: int,
-              api_key: str | None, temperature: float = 0.0) -> dict:
+              api_key: str | None, temperature: float = 0.0, top_p: float = 1.0) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": out_tokens, "temperature": temperature,
-            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "top_p": top_p, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.perf_counter()
     times: list[float] = []
@@ -87,7 +88,7 @@ async def run_level(args, prompts: list[str], concurrency: int) -> dict:
         async def task(p):
             async with sem:
                 return await one(client, url, args.model, p, args.output_tokens, args.api_key,
-                                 args.temperature)
+                                 args.temperature, args.top_p)
         await task(prompts[0])  # warm-up
         t0 = time.perf_counter()
         n = args.num_requests or max(8, 2 * concurrency)
@@ -116,6 +117,8 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; e.g. 1 for the OpenAI API's default sampling (no seed)")
+    ap.add_argument("--top-p", type=float, default=1.0,
+                    help="nucleus sampling, e.g. 0.95 beside --temperature 1 (a chat default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     prompts = build_prompts(args.num_requests or 2 * max(args.concurrency + [4]), args.prompt_tokens)

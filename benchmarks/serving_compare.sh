@@ -3,6 +3,7 @@
 #   bash benchmarks/serving_compare.sh [CONCURRENCY...]   (requests per level: max(8, 2 x C))
 #   MAX_RUNNING=128 bash benchmarks/serving_compare.sh 64 128   (rows / slots of both servers)
 #   TEMPERATURE=1 bash benchmarks/serving_compare.sh 32   (sampled, no seed: the API's default)
+#   TEMPERATURE=1 TOP_P=0.95 bash benchmarks/serving_compare.sh 32   (nucleus sampling)
 # Both servers stay up and each level's runs alternate between them (REPEATS pairs, default
 # 3), so both see the same state of a noisy machine; the ratio is the median of the pairs.
 set -euo pipefail
@@ -28,7 +29,7 @@ for c in $CONC; do
   for r in $(seq "$REPEATS"); do
     for side in swaserve:8101 llama:8102; do
       python benchmarks/serving.py --base-url "http://127.0.0.1:${side#*:}/v1" \
-        --model gemma-3-270m-q4_k_m --concurrency "$c" --temperature "${TEMPERATURE:-0}" \
+        --model gemma-3-270m-q4_k_m --concurrency "$c" --temperature "${TEMPERATURE:-0}" --top-p "${TOP_P:-1}" \
         --json "$OUT/serving_${side%:*}_c${c}_r${r}.json"
     done
   done

@@ -556,25 +556,34 @@ def test_a_weight_with_its_own_vnni_limit_takes_q8_vnni_up_to_it():
 @vnni
 def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
     """A model's tiled int8 head gets `head_vnni_rows()` (past `vnni_rows()` where the rows
-    past it would go to q8_dpbf16), and drafts may grow a step only within both limits."""
+    past it would go to q8_dpbf16), or where its screen runs at most screen.VNNI_ROWS (the
+    screen's tokens are faster past them), and drafts may grow a step only within both
+    limits."""
     from conftest import HYBRID, write_tiny_gemma3
 
     from swaserve.engine.engine import Engine
+    from swaserve.kernels import screen
 
     write_tiny_gemma3(tmp_path, HYBRID, seed=3)
     eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256)
     head = eng.model.embed.float()
     scales = head.view(128, 1, 32).abs().amax(-1) / 127
-    eng.model.use_q8({"lm_head": q8.Q8Weight(torch.round(head / scales).to(torch.int8),
-                                             scales).to_tiles()})
-    limit = q8.head_vnni_rows()
-    assert eng.model.lm_head_q8.vnni_limit == limit and limit >= q8.vnni_rows()
-    assert eng.model.same_numerics_rows(1) == limit
+    int8 = q8.Q8Weight(torch.round(head / scales).to(torch.int8), scales).to_tiles()
+    base = q8.head_vnni_rows()
+    assert base >= q8.vnni_rows()
     if not q8.amx_available() and q8.dpbf16_available():
-        assert limit == max(q8.HEAD_VNNI_ROWS, q8.vnni_rows())
+        assert base == max(q8.HEAD_VNNI_ROWS, q8.vnni_rows())
     else:
-        assert limit == q8.vnni_rows()
-    assert eng.model.same_numerics_rows(limit + 1) == 1 << 62
+        assert base == q8.vnni_rows()
+    for screened in (False, True):
+        eng.model.use_q8({"lm_head": int8}, head_screen=screened)
+        limit = base
+        if screened and eng.model.head_screen is not None:
+            limit = min(base, screen.VNNI_ROWS)
+            assert limit < base or not screen.available()
+        assert eng.model.lm_head_q8.vnni_limit == limit
+        assert eng.model.same_numerics_rows(1) == limit
+        assert eng.model.same_numerics_rows(limit + 1) == 1 << 62
 
 
 @pytest.mark.skipif(q8.tile_kernel(1) is None, reason="no tile kernel (or no compiler) here")

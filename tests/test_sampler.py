@@ -508,3 +508,8 @@ def test_a_row_with_a_nan_logit_gets_a_token_in_range():
     assert 0 <= int(got[1]) < V
     for i in (0, 2):
         assert got[i].item() == _hashed_reference(logits[i], rows[i])
+    nucleus = [row(SamplingParams(temperature=1.0, top_p=0.9, seed=6 + i)) for i in range(3)]
+    got = make_sampler("torch")(logits.clone(), nucleus).tokens  # the NaN row: not the kernel's
+    assert 0 <= int(got[1]) < V
+    for i in (0, 2):
+        assert got[i].item() == _sorted_reference(logits[i], nucleus[i].params, nucleus[i])

@@ -42,6 +42,10 @@ GROUP_SHARES = (1, 3, 12, 24)
 # row's order left 3x the candidates (its own extremes); calls before those rows are seen
 # multiply the head whole
 BUILD_ROWS = 16
+# the head's q8_vnni rows where a screen runs: past them q8_dpbf16's tokens through the
+# screen are faster (Zen 4, greedy tokens of 8 / 12 / 16 real rows: q8_vnni 10.2 / 16.4 /
+# 23.4 ms, the screen 10.5 / 11.9 / 15.9), and a step's keyed rows are drawn there too
+VNNI_ROWS = 8
 # a keyed row under this temperature takes its logits: past 2^10 x the head's largest sums
 # its scores' bounds could overflow float32
 MIN_TEMPERATURE = 2.0 ** -10

@@ -19,6 +19,7 @@ from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
 from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
+from swaserve.kernels.screen import VNNI_ROWS as SCREEN_VNNI_ROWS
 from swaserve.models.attention import AttentionBackend, SDPABackend
 from swaserve.models.context import Argmaxes, ForwardContext, KeyedRows, SplitLogits
 from swaserve.models.fused_decode import FusedDecode
@@ -157,6 +158,8 @@ class CausalLM(nn.Module):
             if head.tiled:
                 head.vnni_limit = head_vnni_rows()
             self.head_screen = HeadScreen.for_head(head) if head_screen else None
+            if self.head_screen is not None:  # past a few rows the screen beats q8_vnni
+                head.vnni_limit = min(head.vnni_limit, SCREEN_VNNI_ROWS)
         for i, layer in enumerate(self.layers):
             for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")

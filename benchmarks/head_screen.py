@@ -8,6 +8,7 @@ rows' candidate counts, and keyed rows at T=1 drawn by the screen against logits
 the sampler.
 
     python benchmarks/head_screen.py [--batches 17 32 64 128] [--steps 16] [--pairs 3]
+    python benchmarks/head_screen.py --vnni-limits 8 16 --batches 10 12 16
 
 On a CPU where the screen does not run (AMX, or no AVX-512 VNNI and BF16) it says so.
 """
@@ -61,6 +62,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--vnni-limits", type=int, nargs=2, default=None, metavar=("NEW", "OLD"),
+                    help="instead: decode steps with the head's q8_vnni limit at NEW rows "
+                         "against OLD (e.g. 8 16 --batches 10 12 16), greedy and mixed")
     args = ap.parse_args()
 
     from swaserve.engine.engine import Engine
@@ -78,6 +82,9 @@ def main() -> None:
         return
     print(f"threads {torch.get_num_threads()}; decode steps, median of {args.steps} a run, "
           f"{args.pairs} alternating pairs")
+    if args.vnni_limits:
+        vnni_limits(eng, args)
+        return
     print("| batch | screen ms | whole head ms | ratio | same tokens |")
     print("|---|---|---|---|---|")
     def use_screen(on: bool) -> None:
@@ -105,6 +112,25 @@ def mixed_steps(eng, args) -> None:
 
     alternate(eng, args, split, mixed=True)
     split(True)
+
+
+def vnni_limits(eng, args) -> None:
+    """Decode steps with the head's q8_vnni limit at the first of `args.vnni_limits` rows
+    against the second (rows past the limit go to the screen), greedy and mixed."""
+    head, model = eng.model.lm_head_q8, eng.model
+    new, old = args.vnni_limits
+
+    def limit(on: bool) -> None:
+        head.vnni_limit = new if on else old
+        model._q8_tilings = None  # same_numerics_rows reads the limits
+
+    for mixed in (False, True):
+        print(f"\nq8_vnni to {new} rows against {old}, "
+              f"{'every other row sampling' if mixed else 'greedy'}, median ms")
+        print(f"| batch | to {new} | to {old} | ratio | same tokens |")
+        print("|---|---|---|---|---|")
+        alternate(eng, args, limit, mixed)
+    limit(True)
 
 
 def alternate(eng, args, setting, mixed: bool) -> None:
@@ -141,17 +167,20 @@ def head_alone(eng, screen, batches: list[int], prompt_len: int) -> None:
     decode_steps(eng, max(batches), 8, prompt_len)
     del model._head
     rows = torch.cat([x for x in caught if x.shape[0] == max(batches)])
-    print("\nthe head alone on the engine's final hidden states (ms, median of 5)")
-    print("| rows | screen | q8_dpbf16 argmax | ratio | candidates a row: median / max |")
-    print("|---|---|---|---|---|")
+    print("\nthe head alone on the engine's final hidden states (ms, median of 5; q8_vnni: "
+          "the head's kernel up to its vnni_limit rows)")
+    print("| rows | screen | q8_dpbf16 argmax | ratio | q8_vnni argmax | candidates a row: "
+          "median / max |")
+    print("|---|---|---|---|---|---|")
     q8w = screen.head
     for m in batches:
         x = rows[:m].contiguous()
         assert torch.equal(screen.argmax(x), q8w.argmax(x, "dpbf16"))
         a = median_time(lambda x=x: screen.argmax(x), 5)
         b = median_time(lambda x=x: q8w.argmax(x, "dpbf16"), 5)
+        c = median_time(lambda x=x: q8w.argmax(x, "vnni"), 5)
         counts = screen.candidates(x)[1].float()
-        print(f"| {m} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | "
+        print(f"| {m} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {c * 1e3:.1f} | "
               f"{int(counts.median())} / {int(counts.max())} |", flush=True)
     keyed_alone(screen, rows, batches)
 

@@ -305,9 +305,8 @@ def test_top_p_over_whole_vocabulary_matches_full_sort(scale, backend):
 def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch, nucleus_kernel):
     """Rows whose kept set passes BOUNDED_TOP_K but fits WIDE_TOP_K (here 3,000 of 5,000)
     draw from the wide candidates, with the full sort's token; the others still sort.
-    With gumbel.c's nucleus kernel, rows over the whole vocabulary (top_k = all) take it
-    instead and none of them sorts; without it (forced off) they take the same paths as
-    the others. Every token is the full sort's."""
+    With gumbel.c's kernel every row takes it instead and none sorts; without it (forced
+    off) they take those paths. Every token is the full sort's."""
     from swaserve.kernels import gumbel
     from swaserve.sampling import filtering
 
@@ -340,17 +339,16 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch, nu
         pr = torch.softmax(logits[i] / p.temperature, -1).sort(descending=True).values
         nucleus.append(int((pr.cumsum(0) - pr < p.top_p).sum()))
     assert sum(1024 < n <= 3000 for n in nucleus[:6]) >= 2, nucleus  # the wide tier ran
-    # only the two flat rows sorted the vocabulary; with the kernel, only the one whose
-    # top_k is not all (the other flat one is a nucleus row)
-    assert sorts == ([1] if nucleus_kernel else [2])
+    # only the two flat rows sorted the vocabulary; with the kernel none did
+    assert sorts == ([] if nucleus_kernel else [2])
 
 
 @pytest.mark.parametrize("ties", [False, True])
-def test_nucleus_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, ties):
-    """Nucleus rows over the whole vocabulary (top-p, min-p, both; peaked, spread and flat
-    rows; a vocabulary that is not a multiple of 16; edited rows beside raw ones), each
-    drawn by gumbel.c's kept set without a sort: the token of the whole sorted row
-    (ties: logits on a grid of 1/4, so that equal values straddle the cut, ordered by id)."""
+def test_filtering_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, ties):
+    """Filtering rows (top-p, min-p, top-k, and together; peaked, spread and flat rows; a
+    vocabulary that is not a multiple of 16; edited rows beside raw ones), each drawn by
+    gumbel.c's kept set without a sort: the token of the whole sorted row (ties: logits on
+    a grid of 1/4, so that equal values straddle the cuts, ordered by id)."""
     from swaserve.kernels import gumbel
 
     if gumbel.nucleus_entry() is None:
@@ -368,7 +366,8 @@ def test_nucleus_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, tie
     kinds = [dict(top_p=0.9), dict(top_p=0.5), dict(top_p=0.99), dict(min_p=0.05),
              dict(min_p=0.2, top_p=0.95), dict(top_p=0.95, temperature=0.7),
              dict(top_p=0.8, temperature=1.5, presence_penalty=0.5),
-             dict(top_p=0.9, logit_bias={5: 3.0})]
+             dict(top_p=0.9, logit_bias={5: 3.0}), dict(top_k=40, top_p=0.9, temperature=0.8),
+             dict(top_k=7), dict(top_k=3000, min_p=0.01), dict(top_k=1500, top_p=0.999)]
     params = [SamplingParams(seed=i, **{"temperature": 1.0, **kinds[i % len(kinds)]})
               for i in range(30)]
     rows = [row(p, pos=7 + i, out=(5, 9)) for i, p in enumerate(params)]

@@ -14,14 +14,15 @@
  * with one comparison. The exact scores stay with the caller (the same torch arithmetic
  * as hashing every id). Rows split over the threads, each its own slice of the output.
  *
- * A nucleus row (top-p and / or min-p over the whole vocabulary) draws the same way from
- * its kept set, found here without sorting the vocabulary: its ids in the order (x
- * descending, id ascending), p_t = e^(x_t - m) / Z (m the largest x, Z the sum in float64
- * of float32 e^(x - m)), an id is kept while the mass strictly before it is under top_p
- * (the first always) and p_t >= min_p p_max (x_t - m >= log min_p in float64). The kept
- * set is a prefix of that order: one pass sums each bucket of 1/16 in x below m, the
- * bucket where the mass reaches top_p Z is sorted alone, and its last kept id is the floor
- * the candidate pass keeps ids above. */
+ * A filtering row (top-k, top-p, min-p) draws the same way from its kept set, found here
+ * without sorting the vocabulary: its ids in the order (x descending, id ascending), the
+ * first top_k of them, p_t = e^(x_t - m) / Z over those (m the largest x, Z the sum in
+ * float64 of float32 e^(x - m)), an id kept while the mass strictly before it is under
+ * top_p (the first always) and p_t >= min_p p_max (x_t - m >= log min_p in float64). The
+ * kept set is a prefix of that order: one pass sums each bucket of 1/16 in x below m (its
+ * ids and their mass), the bucket holding the top_k-th id and the one where the mass
+ * reaches top_p Z are sorted alone, and the last kept id is the floor the candidate pass
+ * keeps ids above. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -157,10 +158,10 @@ static inline int bucket(float m, float q) { return (int)((m - q) * (float)BUCKE
 #ifdef __AVX512F__
 static inline float exp1(float v) { return _mm512_cvtss_f32(exp16(_mm512_set1_ps(v))); }
 
-/* mass[b] += e^(x - m) (float32, exp16) of row x's ids in buckets [b0, b1); with `with_z`
- * the sum of every id's, else 0 */
+/* mass[b] += e^(x - m) (float32, exp16) and ids[b] += 1 for row x's ids in buckets
+ * [b0, b1); with `with_z` the sum of every id's e, else 0 */
 static double add_masses(const float *x, int64_t vocab, float t, float m, int b0, int b1,
-                         double *mass, int with_z) {
+                         double *mass, int64_t *ids, int with_z) {
     const __m512 tv = _mm512_set1_ps(t), mv = _mm512_set1_ps(m);
     /* lanes whose bucket may be in range (each then checked one by one) */
     const __m512 above = _mm512_set1_ps(-(float)(b1 + 1) / BUCKETS_PER_UNIT);
@@ -184,7 +185,7 @@ static double add_masses(const float *x, int64_t vocab, float t, float m, int b0
         for (; in; in &= in - 1) {
             const int lane = __builtin_ctz(in);
             const int b = bucket(m, x[i + lane] / t);
-            if (b >= b0 && b < b1) mass[b] += e16[lane];
+            if (b >= b0 && b < b1) mass[b] += e16[lane], ids[b]++;
         }
     }
     double z = _mm512_reduce_add_pd(_mm512_add_pd(z0, z1));
@@ -192,15 +193,56 @@ static double add_masses(const float *x, int64_t vocab, float t, float m, int b0
         const float q = x[i] / t, e = exp1(q - m);
         const int b = bucket(m, q);
         z += e;
-        if (q - m > -(float)SPAN_BUCKETS / BUCKETS_PER_UNIT && b >= b0 && b < b1) mass[b] += e;
+        if (q - m > -(float)SPAN_BUCKETS / BUCKETS_PER_UNIT && b >= b0 && b < b1)
+            mass[b] += e, ids[b]++;
     }
     return with_z ? z : 0.0;
 }
 
+/* row x's ids in bucket `edge` (below its max m) in order, malloc'd, their count in *n;
+ * NULL without memory */
+static entry_t *bucket_entries(const float *x, int64_t vocab, float t, float m, int edge,
+                               int64_t *n) {
+    const __m512 tv = _mm512_set1_ps(t), mv = _mm512_set1_ps(m);
+    const float low = -(float)SPAN_BUCKETS / BUCKETS_PER_UNIT;
+    int64_t size = 256;
+    entry_t *in = malloc((size_t)size * sizeof(entry_t));
+    *n = 0;
+    for (int64_t i = 0; in && i < vocab; i += 16) {
+        /* the lanes in the bucket, 16 ids at a time (the last few one at a time) */
+        __mmask16 at = 0;
+        if (i + 16 <= vocab) {
+            const __m512 q = _mm512_div_ps(_mm512_loadu_ps(x + i), tv);
+            const __m512i b = _mm512_cvttps_epi32(_mm512_mul_ps(
+                _mm512_sub_ps(mv, q), _mm512_set1_ps((float)BUCKETS_PER_UNIT)));
+            at = _mm512_cmp_ps_mask(_mm512_sub_ps(q, mv), _mm512_set1_ps(low), _CMP_GT_OQ) &
+                 _mm512_cmp_epi32_mask(b, _mm512_set1_epi32(edge), _MM_CMPINT_EQ);
+        } else {
+            for (int64_t j = i; j < vocab; j++) {
+                const float q = x[j] / t;
+                at |= (__mmask16)((q - m > low && bucket(m, q) == edge) << (j - i));
+            }
+        }
+        for (; at && in; at &= at - 1) {
+            const int64_t j = i + __builtin_ctz(at);
+            if (*n == size) {
+                entry_t *more = realloc(in, (size_t)(size *= 2) * sizeof(entry_t));
+                if (!more) free(in);
+                in = more;
+                if (!in) break;
+            }
+            const float q = x[j] / t;
+            in[(*n)++] = (entry_t){q, j, exp1(q - m)};
+        }
+    }
+    if (in) qsort(in, (size_t)*n, sizeof(entry_t), by_order);
+    return in;
+}
+
 /* row x's floor (see the top) and its largest x's first id; 0, or -1 for a NaN, an infinite
- * largest x, or a nucleus past the buckets (the caller's path then) */
-static int nucleus_floor(const float *x, int64_t vocab, float t, float top_p, float min_p,
-                         floor_t *f, int64_t *top) {
+ * largest x, a kept set past the buckets or no memory (the caller's path then) */
+static int nucleus_floor(const float *x, int64_t vocab, float t, int64_t top_k, float top_p,
+                         float min_p, floor_t *f, int64_t *top) {
     const __m512 tv = _mm512_set1_ps(t);
     __m512 mv = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
@@ -225,67 +267,68 @@ static int nucleus_floor(const float *x, int64_t vocab, float t, float top_p, fl
     for (i = *top < 0 ? i : vocab; i < vocab && *top < 0; i++)
         if (x[i] / t == m) *top = i;
     *f = (floor_t){-INFINITY, INT64_MAX, min_p > 0.0f ? log((double)min_p) : -INFINITY, m};
-    if (!(top_p < 1.0f)) return 0;
-    /* z: every id's e; the buckets' masses down to NEAR_BUCKETS first (at temperature 1
-     * the real model's nucleus at top-p .95 ends ~11 under the max: ~7,000 ids a row where
-     * the whole span holds ~250,000), the rest only if the mass does not reach top_p z */
+    const int by_k = top_k < vocab, by_p = top_p < 1.0f;
+    if (!by_k && !by_p) return 0;
+    /* z: every id's e; the buckets' masses and ids down to NEAR_BUCKETS first (at
+     * temperature 1 the real model's nucleus at top-p .95 ends ~11 under the max: ~7,000
+     * ids a row where the whole span holds ~250,000), the rest when a walk gets there */
     double mass[SPAN_BUCKETS] = {0};
-    const double z = add_masses(x, vocab, t, m, 0, NEAR_BUCKETS, mass, 1);
-    const float low = -(float)SPAN_BUCKETS / BUCKETS_PER_UNIT;
-    mv = _mm512_set1_ps(m);
-    const double target = (double)top_p * z;
-    double before = 0.0;
-    int edge = -1;
-    for (int b = 0; b < SPAN_BUCKETS && edge < 0; b++) {
-        if (b == NEAR_BUCKETS) add_masses(x, vocab, t, m, NEAR_BUCKETS, SPAN_BUCKETS, mass, 0);
-        if (before + mass[b] >= target) edge = b;
-        else before += mass[b];
-    }
-    if (edge < 0) return -1; /* mass past the buckets counts: the caller sorts */
-    /* the edge bucket's ids in order, and its last one whose mass before is under target */
-    int64_t n = 0, size = 256;
-    entry_t *in = malloc((size_t)size * sizeof(entry_t));
-    for (i = 0; in && i < vocab; i += 16) {
-        /* the lanes in the edge bucket, 16 ids at a time (the last few one at a time) */
-        __mmask16 at = 0;
-        if (i + 16 <= vocab) {
-            const __m512 q = _mm512_div_ps(_mm512_loadu_ps(x + i), tv);
-            const __m512i b = _mm512_cvttps_epi32(_mm512_mul_ps(
-                _mm512_sub_ps(mv, q), _mm512_set1_ps((float)BUCKETS_PER_UNIT)));
-            at = _mm512_cmp_ps_mask(_mm512_sub_ps(q, mv), _mm512_set1_ps(low), _CMP_GT_OQ) &
-                 _mm512_cmp_epi32_mask(b, _mm512_set1_epi32(edge), _MM_CMPINT_EQ);
-        } else {
-            for (int64_t j = i; j < vocab; j++) {
-                const float q = x[j] / t;
-                at |= (__mmask16)((q - m > low && bucket(m, q) == edge) << (j - i));
-            }
+    int64_t ids[SPAN_BUCKETS] = {0};
+    double z = add_masses(x, vocab, t, m, 0, NEAR_BUCKETS, mass, ids, !by_k);
+    int far = 0;
+    /* top-k: the k-th id's bucket, sorted; the set's mass z (its first `left` ids) */
+    entry_t *edge = 0;
+    int64_t n = 0, left = 0;
+    int at = -1;
+    if (by_k) {
+        double before = 0.0;
+        int64_t seen = 0;
+        for (int b = 0; b < SPAN_BUCKETS && at < 0; b++) {
+            if (b == NEAR_BUCKETS && !far++)
+                add_masses(x, vocab, t, m, NEAR_BUCKETS, SPAN_BUCKETS, mass, ids, 0);
+            if (seen + ids[b] >= top_k) at = b;
+            else seen += ids[b], before += mass[b];
         }
-        for (; at && in; at &= at - 1) {
-            const int64_t j = i + __builtin_ctz(at);
-            if (n == size) {
-                entry_t *more = realloc(in, (size_t)(size *= 2) * sizeof(entry_t));
-                if (!more) free(in);
-                in = more;
-                if (!in) break;
-            }
-            const float q = x[j] / t;
-            in[n++] = (entry_t){q, j, exp1(q - m)};
+        if (at < 0 || !(edge = bucket_entries(x, vocab, t, m, at, &n))) return -1;
+        left = top_k - seen;
+        for (int64_t j = 0; j < left; j++) before += edge[j].e;
+        z = before;
+        f->x = edge[left - 1].q;
+        f->id = edge[left - 1].id;
+    }
+    if (by_p) { /* the last id whose mass before is under top_p z, within the top-k set */
+        const double target = (double)top_p * z;
+        double before = 0.0;
+        int b = 0;
+        for (; b < SPAN_BUCKETS && b != at; b++) {
+            if (b == NEAR_BUCKETS && !far++)
+                add_masses(x, vocab, t, m, NEAR_BUCKETS, SPAN_BUCKETS, mass, ids, 0);
+            if (before + mass[b] >= target) break;
+            before += mass[b];
+        }
+        if (b == SPAN_BUCKETS) { /* mass past the buckets counts: the caller sorts */
+            free(edge);
+            return -1;
+        }
+        if (b != at) { /* an earlier bucket than the k-th id's (or no top-k) */
+            free(edge);
+            edge = bucket_entries(x, vocab, t, m, b, &n);
+            if (!edge) return -1;
+            left = n;
+        }
+        for (int64_t j = 0; j < left && before < target; j++) { /* the first always */
+            f->x = edge[j].q;
+            f->id = edge[j].id;
+            before += edge[j].e;
         }
     }
-    if (!in) return -1;
-    qsort(in, (size_t)n, sizeof(entry_t), by_order);
-    for (int64_t j = 0; j < n && before < target; j++) { /* the first always: before < target */
-        f->x = in[j].q;
-        f->id = in[j].id;
-        before += in[j].e;
-    }
-    free(in);
+    free(edge);
     return 0;
 }
 #else
-static int nucleus_floor(const float *x, int64_t vocab, float t, float top_p, float min_p,
-                         floor_t *f, int64_t *top) {
-    (void)x; (void)vocab; (void)t; (void)top_p; (void)min_p; (void)f; (void)top;
+static int nucleus_floor(const float *x, int64_t vocab, float t, int64_t top_k, float top_p,
+                         float min_p, floor_t *f, int64_t *top) {
+    (void)x; (void)vocab; (void)t; (void)top_k; (void)top_p; (void)min_p; (void)f; (void)top;
     return -1; /* the exponential is exp16's: AVX-512 only */
 }
 #endif
@@ -293,9 +336,9 @@ static int nucleus_floor(const float *x, int64_t vocab, float t, float top_p, fl
 /* per row: count[r] candidates in out_tok[r * cap ...], or -1 where the row is left to the
  * caller (see nucleus_floor, or past cap) */
 int nucleus_candidates(const float *logits, const int64_t *rows, int64_t nrows, int64_t vocab,
-                       const float *temp, const float *top_p, const float *min_p,
-                       const int64_t *prefix, int64_t cap, int64_t *out_tok, int64_t *count,
-                       int threads) {
+                       const float *temp, const int64_t *top_k, const float *top_p,
+                       const float *min_p, const int64_t *prefix, int64_t cap, int64_t *out_tok,
+                       int64_t *count, int threads) {
     const uint32_t high = high_hash();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (nrows > 1)
     for (int64_t r = 0; r < nrows; r++) {
@@ -303,7 +346,8 @@ int nucleus_candidates(const float *logits, const int64_t *rows, int64_t nrows, 
         floor_t f;
         int64_t top;
         count[r] = -1;
-        if (nucleus_floor(x, vocab, temp[r], top_p[r], min_p[r], &f, &top) != 0) continue;
+        if (nucleus_floor(x, vocab, temp[r], top_k[r], top_p[r], min_p[r], &f, &top) != 0)
+            continue;
         const uint32_t p = (uint32_t)prefix[r];
         /* a score the row reaches (its largest x is kept), less a margin for libm's logs
          * against the caller's */

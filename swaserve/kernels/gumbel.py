@@ -49,14 +49,15 @@ def nucleus_entry():
 
 
 def nucleus_candidates(logits: torch.Tensor, rows: list[int], temp: torch.Tensor,
-                       top_p: torch.Tensor, min_p: torch.Tensor, prefix: torch.Tensor
+                       top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                       prefix: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """For nucleus rows `rows` of logits [B, V] (float32, CPU, contiguous) with their
-    temperature, top_p, min_p and murmur prefix ([R] each): (r, ids) int64 of every id
-    of a row's kept set whose score could reach its best, in row then id order (r indexes
-    `rows`), and settled [R] bool: the rows the kernel took (the others: a NaN, a nucleus
-    past its buckets, too many candidates). None when the kernel is absent or the logits
-    are not what it takes."""
+    """For filtering rows `rows` of logits [B, V] (float32, CPU, contiguous) with their
+    temperature, top_k (V: all), top_p, min_p and murmur prefix ([R] each): (r, ids) int64
+    of every id of a row's kept set whose score could reach its best, in row then id order
+    (r indexes `rows`), and settled [R] bool: the rows the kernel took (the others: a NaN,
+    a kept set past its buckets, too many candidates). None when the kernel is absent or
+    the logits are not what it takes."""
     if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
             or not logits.is_contiguous()):
         return None
@@ -65,8 +66,9 @@ def nucleus_candidates(logits: torch.Tensor, rows: list[int], temp: torch.Tensor
         return None
     n, vocab = len(rows), logits.shape[1]
     index = torch.tensor(rows, dtype=torch.int64)
-    args = [a.to(dt).contiguous() for a, dt in ((temp, torch.float32), (top_p, torch.float32),
-                                                 (min_p, torch.float32), (prefix, torch.int64))]
+    args = [a.to(dt).contiguous() for a, dt in ((temp, torch.float32), (top_k, torch.int64),
+                                                 (top_p, torch.float32), (min_p, torch.float32),
+                                                 (prefix, torch.int64))]
     cap = min(vocab, CAP_PER_ROW)
     out = torch.empty(n, cap, dtype=torch.int64)
     count = torch.empty(n, dtype=torch.int64)

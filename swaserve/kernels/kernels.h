@@ -103,12 +103,12 @@ void gelu_tanh_mul_bf16(const uint16_t *gu, uint16_t *y, int64_t rows, int64_t d
 int gumbel_candidates(const float *logits, int64_t rows, int64_t vocab, const float *temp,
                       const double *best, const int64_t *prefix, int64_t cap, int64_t *out_tok,
                       int64_t *count, int threads);
-/* gumbel.c: the same for nucleus rows (top-p / min-p over the whole vocabulary) rows[r] of
-   logits, from their kept sets; count[r] = -1 for a row left to the caller */
+/* gumbel.c: the same for filtering rows (top-k, top-p, min-p; top_k >= vocab: all) rows[r]
+   of logits, from their kept sets; count[r] = -1 for a row left to the caller */
 int nucleus_candidates(const float *logits, const int64_t *rows, int64_t nrows, int64_t vocab,
-                       const float *temp, const float *top_p, const float *min_p,
-                       const int64_t *prefix, int64_t cap, int64_t *out_tok, int64_t *count,
-                       int threads);
+                       const float *temp, const int64_t *top_k, const float *top_p,
+                       const float *min_p, const int64_t *prefix, int64_t cap, int64_t *out_tok,
+                       int64_t *count, int threads);
 
 /* decode.c: a decode step's layers in one call (its structs are defined there) */
 struct decode_fns;

@@ -1,11 +1,11 @@
 """Filtering rows (top-k, top-p, min-p): the keep mask of sorted candidates
 (`filter_sorted`, the definition) and the draws (`draw_filtered`).
 
-Nucleus rows over the whole vocabulary (top_k = all) take their kept set from
-kernels/gumbel.c without sorting (`_draw_nucleus`); the others, and rows it leaves, draw on
-`[B, K_max]` candidates from one `topk` when every one of them has top_k <= BOUNDED_TOP_K,
-else on WIDE_TOP_K candidates or the sorted vocabulary (`_draw_sorted`, `_draw_wide`). A
-row's noise is keyed by vocabulary id (murmur.py), so every path draws the same token.
+Rows whose float32 logits kernels/gumbel.c reads take their kept set from it without
+sorting (`_draw_nucleus`); the others, and rows it leaves, draw on `[B, K_max]` candidates
+from one `topk` when every one of them has top_k <= BOUNDED_TOP_K, else on WIDE_TOP_K
+candidates or the sorted vocabulary (`_draw_sorted`, `_draw_wide`). A row's noise is keyed
+by vocabulary id (murmur.py), so every path draws the same token.
 """
 
 from __future__ import annotations
@@ -62,14 +62,12 @@ def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 
 def draw_filtered(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
                   st: SamplingTensors, vocab: int) -> torch.Tensor:
-    """Tokens of the filtering rows: nucleus rows over the whole vocabulary from their
-    kept sets in C (`_draw_nucleus`), the others (and those it leaves) on sorted
-    candidates (`_draw_sorted`)."""
+    """Tokens of the filtering rows: from their kept sets in C (`_draw_nucleus`), the rows
+    it leaves on sorted candidates (`_draw_sorted`)."""
     idx = st.filter_rows
     tokens = torch.empty(len(idx), dtype=torch.int64, device=logits.device)
     at = {i: j for j, i in enumerate(idx)}
-    settled, drawn = _draw_nucleus(logits, fl, pos, st,
-                                        [i for i in idx if int(st.top_k[i]) >= vocab])
+    settled, drawn = _draw_nucleus(logits, fl, pos, st, idx)
     if settled:
         tokens[[at[i] for i in settled]] = drawn
     rest = [i for i in idx if i not in set(settled)]
@@ -80,12 +78,12 @@ def draw_filtered(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, 
 def _draw_nucleus(logits: torch.Tensor, fl: torch.Tensor | None,
                   pos: dict[int, int], st: SamplingTensors, rows: list[int]
                   ) -> tuple[list[int], torch.Tensor]:
-    """(the rows settled, their tokens) of nucleus rows (top-p / min-p, top_k = all):
-    gumbel.c finds each row's kept set without sorting the vocabulary (a prefix of (x
-    descending, id ascending): p = e^(x - max) / their float64 sum; a row's last kept
-    id is where the mass before it reaches top_p, min-p by x - max >= log min_p) and its
-    ids that can win; their exact scores are torch's float64 as everywhere. A row it
-    leaves (a NaN, a nucleus past its buckets, no kernel, bf16 logits not copied) goes
+    """(the rows settled, their tokens) of filtering rows: gumbel.c finds each row's kept
+    set without sorting the vocabulary (a prefix of (x descending, id ascending): its
+    first top_k, p = e^(x - max) / their float64 sum, the last kept id where the mass
+    before it reaches top_p, min-p by x - max >= log min_p) and its ids that can win;
+    their exact scores are torch's float64 as everywhere. A row it leaves (a NaN, a kept
+    set past its buckets, too many candidates, no kernel, bf16 logits not copied) goes
     to the sorted candidates."""
     settled: list[int] = []
     drawn: list[torch.Tensor] = []
@@ -96,7 +94,8 @@ def _draw_nucleus(logits: torch.Tensor, fl: torch.Tensor | None,
         at = [pos[i] for i in group] if src is fl else group
         g = _index(group, logits.device)
         temp, prefix = st.temperature[g], st.prefix[g]
-        found = gumbel.nucleus_candidates(src, at, temp, st.top_p[g], st.min_p[g], prefix)
+        found = gumbel.nucleus_candidates(src, at, temp, st.top_k[g], st.top_p[g], st.min_p[g],
+                                          prefix)
         if found is None:
             continue
         r, ids, ok = found

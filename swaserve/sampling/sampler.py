@@ -322,13 +322,12 @@ class Sampler:
                                       for i in range(0, len(rows), chunk)], self.device)
         rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
-        # filtering rows with top_k above the bound need their whole row in float32
-        # (a nucleus row over the whole vocabulary not where gumbel.c reads the logits as
-        # they are)
+        # filtering rows with top_k above the bound need their whole row in float32, unless
+        # gumbel.c reads the logits as they are (filtering.py `_draw_nucleus`)
         direct = (logits.dtype == torch.float32 and logits.device.type == "cpu"
                   and logits.is_contiguous() and gumbel.nucleus_entry() is not None)
-        wide_filter = [i for i in st.filter_rows if int(st.top_k[i]) > BOUNDED_TOP_K
-                       and not (direct and int(st.top_k[i]) >= self.vocab)]
+        wide_filter = [] if direct else [i for i in st.filter_rows
+                                         if int(st.top_k[i]) > BOUNDED_TOP_K]
         # Only rows that are edited, asked for logprobs or filtered past the bound get a
         # float32 copy; the others are read in the model dtype, which is exact: the widening
         # is monotone and a positive temperature does not reorder a row.

@@ -1,7 +1,7 @@
 """The ids of keyed sampling rows that could win their Gumbel-max, from one C pass over the
 logits (`gumbel.c`): the bound alone leaves ~25,000 ids a row at temperature 1 to hash in
-torch, the hash in C leaves tens. Nucleus rows (top-p / min-p over the whole vocabulary)
-the same from their kept sets, found without sorting the vocabulary."""
+torch, the hash in C leaves tens. Filtering rows (top-k, top-p, min-p) the same from their
+kept sets, found without sorting the vocabulary."""
 
 from __future__ import annotations
 
@@ -16,16 +16,26 @@ def entry():
     return build.function("gumbel", "gumbel_candidates")
 
 
+def readable(logits: torch.Tensor) -> bool:
+    """The logits are what the kernels read: float32 [B, V] on the CPU, contiguous."""
+    return (logits.dtype == torch.float32 and logits.device.type == "cpu"
+            and logits.dim() == 2 and logits.is_contiguous())
+
+
+def _flat(out: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, ids) of each row r's first count[r] ids of out[r]."""
+    r = torch.repeat_interleave(torch.arange(out.shape[0]), count)
+    j = torch.arange(len(r)) - torch.repeat_interleave(count.cumsum(0) - count, count)
+    return r, out[r, j]
+
+
 def candidates(logits: torch.Tensor, temp: torch.Tensor, best: torch.Tensor,
                prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """logits [R, V] float32 on the CPU, temp [R] float32, best [R] float64 (a score each
     row reaches), prefix [R] int64 (murmur.row_prefix) -> (rows, ids) int64 of every id
     whose score could reach `best`, in row then id order; None when the kernel is absent,
     the inputs are not what it takes, or the ids are too many."""
-    if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
-            or not logits.is_contiguous()):
-        return None
-    fn = entry()
+    fn = entry() if readable(logits) else None
     if fn is None:
         return None
     rows, vocab = logits.shape
@@ -37,11 +47,7 @@ def candidates(logits: torch.Tensor, temp: torch.Tensor, best: torch.Tensor,
     count = torch.zeros(rows, dtype=torch.int64)
     rc = fn(logits.data_ptr(), rows, vocab, temp.data_ptr(), best.data_ptr(), prefix.data_ptr(),
             cap, out.data_ptr(), count.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        return None
-    r = torch.repeat_interleave(torch.arange(rows), count)
-    j = torch.arange(len(r)) - torch.repeat_interleave(count.cumsum(0) - count, count)
-    return r, out[r, j]
+    return _flat(out, count) if rc == 0 else None
 
 
 def nucleus_entry():
@@ -58,10 +64,7 @@ def nucleus_candidates(logits: torch.Tensor, rows: list[int], temp: torch.Tensor
     (r indexes `rows`), and settled [R] bool: the rows the kernel took (the others: a NaN,
     a kept set past its buckets, too many candidates). None when the kernel is absent or
     the logits are not what it takes."""
-    if (logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() != 2
-            or not logits.is_contiguous()):
-        return None
-    fn = nucleus_entry()
+    fn = nucleus_entry() if readable(logits) else None
     if fn is None:
         return None
     n, vocab = len(rows), logits.shape[1]
@@ -74,8 +77,4 @@ def nucleus_candidates(logits: torch.Tensor, rows: list[int], temp: torch.Tensor
     count = torch.empty(n, dtype=torch.int64)
     fn(logits.data_ptr(), index.data_ptr(), n, vocab, *(a.data_ptr() for a in args), cap,
        out.data_ptr(), count.data_ptr(), torch.get_num_threads())
-    settled = count >= 0
-    taken = count.clamp(min=0)
-    r = torch.repeat_interleave(torch.arange(n), taken)
-    j = torch.arange(len(r)) - torch.repeat_interleave(taken.cumsum(0) - taken, taken)
-    return r, out[r, j], settled
+    return (*_flat(out, count.clamp(min=0)), count >= 0)

@@ -324,8 +324,7 @@ class Sampler:
         st = SamplingTensors.build(rows, self.vocab, self.device)
         # filtering rows with top_k above the bound need their whole row in float32, unless
         # gumbel.c reads the logits as they are (filtering.py `_draw_nucleus`)
-        direct = (logits.dtype == torch.float32 and logits.device.type == "cpu"
-                  and logits.is_contiguous() and gumbel.nucleus_entry() is not None)
+        direct = gumbel.readable(logits) and gumbel.nucleus_entry() is not None
         wide_filter = [] if direct else [i for i in st.filter_rows
                                          if int(st.top_k[i]) > BOUNDED_TOP_K]
         # Only rows that are edited, asked for logprobs or filtered past the bound get a

@@ -291,6 +291,10 @@ static int nucleus_floor(const float *x, int64_t vocab, float t, int64_t top_k, 
         }
         if (at < 0 || !(edge = bucket_entries(x, vocab, t, m, at, &n))) return -1;
         left = top_k - seen;
+        if (left > n) { /* the two passes disagree on the bucket: never, but not past it */
+            free(edge);
+            return -1;
+        }
         for (int64_t j = 0; j < left; j++) before += edge[j].e;
         z = before;
         f->x = edge[left - 1].q;

@@ -116,27 +116,29 @@ def test_keyed_rows_draw_the_samplers_tokens_from_q8_dpbf16s_logits(offsets, gro
     assert unsettled <= 3 and sorted(kept)[len(kept) // 2] < n / 16, (unsettled, kept)
 
 
-def test_a_keyed_rows_noise_bounds_hold_around_every_threshold():
-    """The C tables bounding a hash's noise: at and around each threshold, at the ends and
-    at 200,000 random hashes, least <= murmur.py's g <= most, one level apart."""
+def test_a_keyed_rows_noise_bounds_hold_at_the_edge_of_every_range():
+    """The bounds on a hash's noise the screen reads (its vector code, head_screen_noise):
+    at and around each power of two of h and of 2^32 - 1 - h (its ranges' edges), at the
+    ends and at 200,000 random hashes, least <= murmur.py's g <= most, rising with h, and
+    no range wider than 0.9 but the two ends (g under -2.4, g over 11)."""
     from swaserve.kernels import build
     from swaserve.sampling import murmur
 
-    thresholds, least, most = (torch.empty(16, dtype=torch.int64), torch.empty(16),
-                               torch.empty(16))
-    levels = build.function("screen", "head_screen_levels")(
-        thresholds.data_ptr(), least.data_ptr(), most.data_ptr())
-    th = thresholds[:levels]
-    assert levels == 15 and bool((th[1:] > th[:-1]).all())
-    near = (th[:, None] + torch.arange(-3, 4)[None, :]).flatten()
-    hashes = torch.cat([near, torch.tensor([0, 1, 2, murmur.M32 - 1, murmur.M32]),
+    edges = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
+    near = (torch.cat([edges, murmur.M32 - edges])[:, None] + torch.arange(-2, 3)[None, :])
+    hashes = torch.cat([near.flatten().clamp(0, murmur.M32),
                         torch.randint(0, murmur.M32 + 1, (200_000,),
                                       generator=torch.Generator().manual_seed(35))])
-    at = (hashes[:, None] >= th[None, :]).sum(1)
+    hashes = hashes.unique()  # sorted
+    least, most = torch.empty(len(hashes)), torch.empty(len(hashes))
+    assert build.function("screen", "head_screen_noise")(
+        hashes.data_ptr(), len(hashes), least.data_ptr(), most.data_ptr()) == 0
     g = murmur.gumbel_from_hash(hashes)
-    assert bool((least.double()[at] <= g).all()) and bool((g <= most.double()[at]).all())
-    inner = (at > 0) & (at < levels)
-    assert float((most[at] - least[at])[inner].max()) <= 3.01  # 11 - 8, the widest step
+    assert bool((least.double() <= g).all()) and bool((g <= most.double()).all())
+    assert bool((least[1:] >= least[:-1]).all()) and bool((most[1:] >= most[:-1]).all())
+    inner = (least > -2.5) & (most < 11.2)
+    assert float((most - least)[inner].max()) < 0.9
+    assert float(most.max()) >= murmur.NOISE_MAX and float(least.min()) == float("-inf")
 
 
 def test_a_keyed_row_past_the_cap_is_left_to_its_logits(monkeypatch):

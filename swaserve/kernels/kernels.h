@@ -57,10 +57,11 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
                 const uint8_t *wq, const float *stats, int64_t m, int64_t n, int64_t k,
                 const float *temp, const int64_t *prefix, int64_t cap, int32_t *cand,
                 int64_t *count, int threads);
-/* screen.c: a keyed row's noise bounds: a hash h with i = #{l : h >= thresholds[l]} has
-   least[i] <= g(h) <= most[i] (sampling/murmur.py's g); the number of thresholds (15:
-   least and most have one more entry) */
-int head_screen_levels(int64_t *thresholds, float *least, float *most);
+/* screen.c: a keyed row's noise bounds, least[r] <= g(h) <= most[r] for the hashes h of
+   range r (sampling/murmur.py's g; the ranges in screen.c); their number (32) */
+int head_screen_noise_ranges(float *least, float *most);
+/* screen.c: those bounds of n hashes as the screen reads them; -2 without its kernels */
+int head_screen_noise(const int64_t *hashes, int64_t n, float *least, float *most);
 /* screen.c: the head's int8 tiles (q8_dpbf16's arguments) as head_screen's wq [n/16, k/4,
    16, 4] and stats [n/16, ngroups, 2, 16]; -3 for a weight that is not finite */
 int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flags,

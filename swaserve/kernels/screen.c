@@ -19,8 +19,8 @@
  * A keyed sampling row (sampling/sampler.py: temperature T, noise g_t from the hash of its
  * prefix and id t, token = argmax of exact_t / T + g_t) is screened on its scores: a
  * column's upper value is (screen + bound) / T + the most its hash's noise can be, its
- * lower value (screen - bound) / T + the least. Bounds on g come from where the hash falls
- * among NOISE_LEVELS thresholds, without a logarithm: the winner's upper value reaches
+ * lower value (screen - bound) / T + the least. Bounds on g come from which of
+ * NOISE_RANGES ranges the hash falls in, without a logarithm: the winner's upper value reaches
  * any column's lower value, so it is a candidate, and a column far under the best is kept
  * only for a hash that can carry it (past 8: one in ~3,000).
  *
@@ -44,27 +44,39 @@
  * float32 (a GGUF's weights are under 2^26, k under 2^16: 2^64 x 2^26 x 2^16 < 2^127) */
 #define X_LIMIT 0x1p64f
 #define SCREEN_ROWS 6     /* rows a pass keeps in registers: 6 x 2 int32 + 6 x 2 float sums */
-/* the noise at the thresholds of a keyed row's bounds: a hash at or past level l's
- * threshold has g >= l, one under it g < l (murmur.py: g = -log(-log(h / (2^32 - 1)))) */
-#define NOISE_LEVELS 15
-static const double noise_levels[NOISE_LEVELS] = {-2, -1, -0.5, 0, 0.5, 1, 1.5, 2, 2.5, 3, 4, 5,
-                                                  6.5, 8, 11};
-/* past the error of the thresholds (one hash step moves g by < 2e-5 below level 11) and of
- * the caller's float64 logs */
-#define LEVEL_SLACK 1e-3
+/* a keyed row's noise bounds by where its hash h falls: NOISE_RANGES ranges, rising with h
+ * (so with g = -log(-log(h / (2^32 - 1))), murmur.py): below 2^31 by the leading zeros of
+ * h, from 2^31 by those of ~h = 2^32 - 1 - h (16 at most each: the last range of each
+ * half holds 2^16 hashes), so a lane's range is a few integer operations, no logarithm.
+ * The ranges are ~0.4-0.9 wide in g but the two ends: g < -2.4 (h < 2^16, and -inf at 0)
+ * and g > 11 (~h < 2^16, up to NOISE_MAX) */
+#define NOISE_RANGES 32
+/* past the caller's float64 logs against these */
+#define NOISE_SLACK 1e-4
 
-int head_screen_levels(int64_t *thresholds, float *least, float *most) {
-    least[0] = -INFINITY; /* a hash of 0 has g = -inf */
-    most[NOISE_LEVELS] = (float)(NOISE_MAX + LEVEL_SLACK);
-    for (int l = 0; l < NOISE_LEVELS; l++) {
-        thresholds[l] = (int64_t)ceil(exp(-exp(-noise_levels[l])) * 4294967295.0);
-        least[l + 1] = (float)(noise_levels[l] - LEVEL_SLACK);
-        most[l] = (float)(noise_levels[l] + LEVEL_SLACK);
-    }
-    return NOISE_LEVELS;
+static double noise_of(double h) { /* murmur.py's g of a hash */
+    return h <= 0.0 ? -INFINITY : -log(fmax(-log(h / 4294967295.0), 0x1p-32));
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+int head_screen_noise_ranges(float *least, float *most) {
+    const double top = 4294967295.0;
+    for (int r = 0; r < NOISE_RANGES / 2; r++) { /* below 2^31: h in [lo, hi] */
+        const int zeros = 16 - r; /* leading zeros of h, 16 for all of h < 2^16 */
+        const double lo = r == 0 ? 0.0 : ldexp(1.0, 31 - zeros), hi = ldexp(1.0, 32 - zeros) - 1;
+        least[r] = (float)(noise_of(lo) - NOISE_SLACK);
+        most[r] = (float)(noise_of(hi) + NOISE_SLACK);
+    }
+    for (int r = NOISE_RANGES / 2; r < NOISE_RANGES; r++) { /* from 2^31: ~h in [lo, hi] */
+        const int zeros = r - 15; /* leading zeros of ~h, 16 for all of ~h < 2^16 */
+        const double lo = zeros == 16 ? 0.0 : ldexp(1.0, 31 - zeros), hi = ldexp(1.0, 32 - zeros) - 1;
+        least[r] = (float)(noise_of(top - hi) - NOISE_SLACK);
+        most[r] = (float)(noise_of(top - lo) + NOISE_SLACK);
+    }
+    return NOISE_RANGES;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__) && \
+    defined(__AVX512CD__)
 #include <immintrin.h>
 
 #include "tiles.h"
@@ -81,8 +93,7 @@ typedef struct {
     float *upper;         /* [m, n / 32] each pair's largest screen + bound */
     const float *inv_t;   /* [m] 1 / T of a keyed row, 0 for a greedy one; NULL: all greedy */
     const uint32_t *prefix; /* [m] the keyed rows' hash prefixes */
-    const uint32_t *thresholds; /* [NOISE_LEVELS] the hashes at noise_levels */
-    const float *least, *most; /* [16] noise bounds by how many thresholds a hash reaches */
+    const float *least, *most; /* [NOISE_RANGES] noise bounds by the hash's range */
     float *seen;          /* [m] a keyed row's largest lower value in the job, less `margin` */
 } screen_job_t;
 
@@ -90,24 +101,48 @@ typedef struct {
  * values: past their two float32 roundings (/ T, + g) */
 static inline float margin(float b) { return (fabsf(b) + 32.0f) * 0x1p-18f; }
 
+/* each lane's range of hashes (head_screen_noise_ranges) */
+static inline __m512i noise_range(__m512i h) {
+    const __m512i most = _mm512_set1_epi32(16);
+    const __m512i below = _mm512_sub_epi32(most, _mm512_min_epu32(_mm512_lzcnt_epi32(h), most));
+    const __m512i above = _mm512_add_epi32(
+        _mm512_set1_epi32(15),
+        _mm512_min_epu32(_mm512_lzcnt_epi32(_mm512_ternarylogic_epi32(h, h, h, 0x55)), most));
+    return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(h, _mm512_setzero_si512()), below,
+                                   above);
+}
+
 /* a keyed row's values of column blocks 2p and 2p + 1 (screen_rows' out) as bounds on its
  * scores: the sums' bounds over T plus its noise's */
 static inline void add_noise(const screen_job_t *j, int64_t row, int64_t p, __m512 v[4]) {
     const __m512 inv = _mm512_set1_ps(j->inv_t[row]);
-    const __m512 least = _mm512_loadu_ps(j->least), most = _mm512_loadu_ps(j->most);
+    const __m512 least0 = _mm512_loadu_ps(j->least), least1 = _mm512_loadu_ps(j->least + 16);
+    const __m512 most0 = _mm512_loadu_ps(j->most), most1 = _mm512_loadu_ps(j->most + 16);
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int t = 0; t < 2; t++) {
-        const __m512i h = murmur_tokens16(
-            j->prefix[row], _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(p * 32 + t * 16))));
-        __m512i reached = _mm512_setzero_si512();
-        for (int l = 0; l < NOISE_LEVELS; l++)
-            reached = _mm512_mask_add_epi32(
-                reached, _mm512_cmp_epu32_mask(h, _mm512_set1_epi32((int)j->thresholds[l]),
-                                               _MM_CMPINT_NLT),
-                reached, _mm512_set1_epi32(1));
-        v[t] = _mm512_fmadd_ps(v[t], inv, _mm512_permutexvar_ps(reached, most));
-        v[2 + t] = _mm512_fmadd_ps(v[2 + t], inv, _mm512_permutexvar_ps(reached, least));
+        const __m512i r = noise_range(murmur_tokens16(
+            j->prefix[row], _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(p * 32 + t * 16)))));
+        v[t] = _mm512_fmadd_ps(v[t], inv, _mm512_permutex2var_ps(most0, r, most1));
+        v[2 + t] = _mm512_fmadd_ps(v[2 + t], inv, _mm512_permutex2var_ps(least0, r, least1));
     }
+}
+
+/* the bounds of n hashes' noise as add_noise reads them (tests) */
+int head_screen_noise(const int64_t *hashes, int64_t n, float *least, float *most) {
+    float lo[NOISE_RANGES], hi[NOISE_RANGES];
+    head_screen_noise_ranges(lo, hi);
+    const __m512 least0 = _mm512_loadu_ps(lo), least1 = _mm512_loadu_ps(lo + 16);
+    const __m512 most0 = _mm512_loadu_ps(hi), most1 = _mm512_loadu_ps(hi + 16);
+    for (int64_t i = 0; i < n; i += 16) {
+        uint32_t h[16] = {0};
+        float a[16], b[16];
+        for (int l = 0; l < 16 && i + l < n; l++) h[l] = (uint32_t)hashes[i + l];
+        const __m512i r = noise_range(_mm512_loadu_si512(h));
+        _mm512_storeu_ps(a, _mm512_permutex2var_ps(least0, r, least1));
+        _mm512_storeu_ps(b, _mm512_permutex2var_ps(most0, r, most1));
+        for (int l = 0; l < 16 && i + l < n; l++) least[i + l] = a[l], most[i + l] = b[l];
+    }
+    return 0;
 }
 
 static int keyed(const screen_job_t *j, int64_t row) { return j->inv_t && j->inv_t[row] > 0.0f; }
@@ -186,7 +221,7 @@ static void *screen_run(void *arg) {
                     /* a pair whose columns cannot reach what the row already reaches even
                      * with the largest noise: no hashes, that bound for pass 2 */
                     const float u = _mm512_reduce_max_ps(_mm512_max_ps(out[r][0], out[r][1])) *
-                                        j->inv_t[i] + j->most[NOISE_LEVELS];
+                                        j->inv_t[i] + j->most[NOISE_RANGES - 1];
                     if (u + (fabsf(u) + 32.0f) * 0x1p-20f < j->seen[i]) {
                         *up = u;
                         continue;
@@ -294,11 +329,8 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
     int rc = !xq || !rs || !corr || !lower || !upper || (temp && (!inv_t || !pre || !seen))
                  ? -1 : 0;
     if (rc == 0) rc = quantize(x, perm, edges, ngroups, m, k, xq, rs, corr);
-    int64_t levels[NOISE_LEVELS];
-    uint32_t thresholds[NOISE_LEVELS];
-    float least[16], most[16];
-    head_screen_levels(levels, least, most);
-    for (int l = 0; l < NOISE_LEVELS; l++) thresholds[l] = (uint32_t)levels[l];
+    float least[NOISE_RANGES], most[NOISE_RANGES];
+    head_screen_noise_ranges(least, most);
     for (int64_t i = 0; temp && rc == 0 && i < m; i++) {
         inv_t[i] = temp[i] > 0.0f ? 1.0f / temp[i] : 0.0f;
         pre[i] = (uint32_t)prefix[i];
@@ -310,8 +342,8 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
             const int64_t lo = t * per < pairs ? t * per : pairs;
             const int64_t hi = lo + per < pairs ? lo + per : pairs;
             jobs[t] = (screen_job_t){xq, rs, corr, edges, wq, stats, m, n, k, ngroups, lo, hi,
-                                     lower + t * m * 16, upper, inv_t, pre, thresholds,
-                                     least, most, seen ? seen + t * m : 0};
+                                     lower + t * m * 16, upper, inv_t, pre, least, most,
+                                     seen ? seen + t * m : 0};
             for (int64_t i = 0; i < m * 16; i++) jobs[t].lower[i] = -INFINITY;
             for (int64_t i = 0; seen && i < m; i++) jobs[t].seen[i] = -INFINITY;
         }
@@ -419,6 +451,11 @@ int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flag
                      int64_t k, uint8_t *wq, float *stats, int threads) {
     (void)pq; (void)ps; (void)po; (void)flags; (void)perm; (void)edges; (void)ngroups; (void)n;
     (void)k; (void)wq; (void)stats; (void)threads;
+    return -2;
+}
+
+int head_screen_noise(const int64_t *hashes, int64_t n, float *least, float *most) {
+    (void)hashes; (void)n; (void)least; (void)most;
     return -2;
 }
 #endif

@@ -103,6 +103,32 @@ def test_llm_generate_end_to_end():
     assert again.token_ids == outs[0].token_ids
 
 
+def test_sampled_rows_drawn_by_the_head_screen_are_the_samplers_tokens():
+    """bf16 with the GGUF's int8 head, where its screen runs: 24 requests at T = 0.7-1.3
+    (seeded and not: the engine's generator seeds both runs alike) beside greedy, top-p,
+    top-k and logprob ones, all to the same length (every decode step 24 rows, past the
+    head's q8_vnni rows in both runs), get the same tokens with the screen drawing the keyed
+    rows as with every row's logits; and it drew them."""
+    from swaserve import LLM, SamplingParams
+    from swaserve.kernels import screen
+
+    if not screen.available():
+        pytest.skip("the LM head screen does not run here (AMX, or no AVX-512 VNNI and BF16)")
+    kinds = [dict(temperature=1.0), dict(temperature=0.7, seed=5), dict(temperature=1.3),
+             dict(temperature=0), dict(temperature=1.0, top_p=0.9), dict(temperature=0.8,
+             top_k=40), dict(temperature=1.0, logprobs=2), dict(temperature=1.0, seed=9)]
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, **kinds[i % len(kinds)])
+              for i in range(24)]
+    prompts = [f"Story {i}: " + "once upon a time " * (1 + i % 5) for i in range(24)]
+    tokens = {}
+    for on in (True, False):
+        llm = LLM(head_screen=on, max_running_requests=24, seed=7)
+        tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
+        if on:
+            assert llm.engine.model.head_screen.drawn >= 9 * 15
+    assert tokens[True] == tokens[False]
+
+
 def test_cli_generate():
     r = subprocess.run([sys.executable, "-m", "swaserve", "generate", "The capital of France is",
                         "--max-tokens", "8", "--json"], capture_output=True, text=True, timeout=600)

@@ -94,9 +94,10 @@ class EngineConfig:
                 "and Q4_K weights through MLX's quantized matmul, exactly (not in float32)"})
     head_screen: bool = field(default=True, metadata={
         "help": "with int8 weights on a CPU with AVX-512 VNNI and BF16 and no AMX, greedy "
-                "steps take the LM head's tokens from an int8 screen of it and its few "
-                "candidates' exact sums: the same tokens, the head ~1.6x faster from 17 rows "
-                "on; its copy of the head (its int8 size) is made at the first such step"})
+                "rows and rows sampled by a temperature alone take the LM head's tokens from "
+                "an int8 screen of it and their few candidates' exact sums: the same tokens, "
+                "the head ~1.4-1.7x faster from 9 rows on; its copy of the head (its int8 "
+                "size) is made at the first such step"})
     int8_activations: bool = field(default=False, metadata={
         "help": "with int8 weights on a CPU with AVX-512 VNNI and BF16 and no AMX, the "
                 "layers' products that would take bf16 activations (decode steps past 8 rows, "

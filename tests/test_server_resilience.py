@@ -237,15 +237,20 @@ def test_health_answers_fast_while_huge_prompts_are_processed(tiny_long_context)
 
         t = threading.Thread(target=huge)
         t.start()
-        worst = 0.0
+        took = []
         with httpx.Client(timeout=10) as c:
             while not stop.is_set():
                 t0 = time.perf_counter()
                 assert c.get(base + "/health").status_code == 200
-                worst = max(worst, time.perf_counter() - t0)
+                took.append(time.perf_counter() - t0)
                 time.sleep(0.02)
         t.join()
-        assert worst < 0.1, f"/health took {worst * 1000:.0f} ms"
+        # a loop blocked by the tokenizer would hold a poll at each of the eight prompts it
+        # tokenizes (0.15-0.2 s each); one slow poll is the shared machine's (a full suite
+        # once saw 115 ms, alone the worst is 9-24 ms)
+        took.sort()
+        assert len(took) >= 10 and took[-2] < 0.1, f"/health took {took[-3:]} s"
+        assert took[-1] < 1.0, f"/health took {took[-1]:.2f} s"
     finally:
         stop_server(proc)
 

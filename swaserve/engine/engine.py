@@ -433,7 +433,7 @@ class Engine:
             prepared.ctx.argmax_only = len(greedy) == len(rows)
             if 0 < len(greedy) < len(rows):
                 prepared.ctx.argmax_rows = greedy
-            if len(greedy) < len(rows):
+            if len(greedy) < len(rows) and self.model.draws_keyed_rows:
                 prepared.ctx.keyed = keyed_rows(rows, self.device)
         for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
             s.request.num_computed_tokens += s.num_known

@@ -97,6 +97,7 @@ class MLXCausalLM:
         return 1 << 62  # one kernel for every row count: drafts never change a row's numbers
 
     fused_decode_steps = None
+    draws_keyed_rows = False  # the sampler draws every sampling row (mlx/sampler.py)
 
     # -- building blocks -------------------------------------------------------------------
     def _norm(self, x, w):

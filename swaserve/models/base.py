@@ -168,6 +168,13 @@ class CausalLM(nn.Module):
                     layer.q8[name] = w
 
     @property
+    def draws_keyed_rows(self) -> bool:
+        """Whether `ctx.keyed` can be of use: the int8 head has a screen and its tokens come
+        from this process's logits (ForwardContext.keyed is built each step only then)."""
+        return (self.head_screen is not None and self.tp is None
+                and not self.cfg.final_logit_softcapping)
+
+    @property
     def pending_bytes(self) -> int:
         """Memory the model will allocate after loading (the LM head screen's copy, made at
         the first large greedy step)."""

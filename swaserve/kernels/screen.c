@@ -68,7 +68,8 @@ int head_screen_noise_ranges(float *least, float *most) {
     }
     for (int r = NOISE_RANGES / 2; r < NOISE_RANGES; r++) { /* from 2^31: ~h in [lo, hi] */
         const int zeros = r - 15; /* leading zeros of ~h, 16 for all of ~h < 2^16 */
-        const double lo = zeros == 16 ? 0.0 : ldexp(1.0, 31 - zeros), hi = ldexp(1.0, 32 - zeros) - 1;
+        const double lo = zeros == 16 ? 0.0 : ldexp(1.0, 31 - zeros);
+        const double hi = ldexp(1.0, 32 - zeros) - 1;
         least[r] = (float)(noise_of(top - hi) - NOISE_SLACK);
         most[r] = (float)(noise_of(top - lo) + NOISE_SLACK);
     }

@@ -58,8 +58,6 @@ def filter_sorted(vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return keep
 
 
-
-
 def draw_filtered(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
                   st: SamplingTensors, vocab: int) -> torch.Tensor:
     """Tokens of the filtering rows: from their kept sets in C (`_draw_nucleus`), the rows
@@ -70,10 +68,12 @@ def draw_filtered(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, 
     settled, drawn = _draw_nucleus(logits, fl, pos, st, idx)
     if settled:
         tokens[[at[i] for i in settled]] = drawn
-    rest = [i for i in idx if i not in set(settled)]
+    done = set(settled)
+    rest = [i for i in idx if i not in done]
     if rest:
         tokens[[at[i] for i in rest]] = _draw_sorted(logits, fl, pos, st, rest, vocab)
     return tokens
+
 
 def _draw_nucleus(logits: torch.Tensor, fl: torch.Tensor | None,
                   pos: dict[int, int], st: SamplingTensors, rows: list[int]
@@ -99,12 +99,14 @@ def _draw_nucleus(logits: torch.Tensor, fl: torch.Tensor | None,
         if found is None:
             continue
         r, ids, ok = found
-        score = murmur.keyed_scores(src[_index(at, logits.device)[r], ids], temp[r], prefix[r], ids)
+        x = src[_index(at, logits.device)[r], ids]
+        score = murmur.keyed_scores(x, temp[r], prefix[r], ids)
         first = murmur.keyed_max(r, ids, score, len(group))
         ok &= first >= 0
         settled += [i for i, k in zip(group, ok.tolist()) if k]
         drawn.append(first[ok])
     return settled, (torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.int64))
+
 
 def _float_rows(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
                 rows: list[int]) -> torch.Tensor:
@@ -115,6 +117,7 @@ def _float_rows(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, in
     for j, i in enumerate(rows):
         out[j] = fl[pos[i]] if i in pos else logits[i]
     return out
+
 
 def _draw_sorted(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
                  st: SamplingTensors, idx: list[int], vocab: int) -> torch.Tensor:
@@ -135,7 +138,8 @@ def _draw_sorted(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, i
         vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
     edited = [i for i in idx if i in pos]
     if edited:
-        v, t = fl.index_select(0, _index([pos[i] for i in edited], logits.device)).topk(width, dim=-1)
+        own = fl.index_select(0, _index([pos[i] for i in edited], logits.device))
+        v, t = own.topk(width, dim=-1)
         vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
     vals = vals / temp
     wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
@@ -160,6 +164,7 @@ def _draw_sorted(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, i
                        else (rows_full.index_select(0, of), lse.index_select(0, of)))
         tokens[sort_rows] = _draw_wide(rows, st, sub, vocab, norms)
     return tokens
+
 
 def _draw_wide(rows: torch.Tensor, st: SamplingTensors, sub: list[int], vocab: int,
                norms: torch.Tensor | None = None) -> torch.Tensor:

@@ -131,3 +131,34 @@ def test_fault_injector_names_its_stages():
     f.check("sampler", ["b"])
     with pytest.raises(InjectedFault, match="a"):
         f.check("sampler", ["b", "a"])
+
+
+def test_rows_without_a_seed_keep_their_tokens_when_a_neighbour_fails_the_sampler():
+    """Rows that sample without a seed are seeded when the step's rows are built
+    (`SampleStage.rows` keys them), so when one row's sampling raises and the batch is
+    redone row by row, every other row gets the token the whole batch would have given it,
+    at T = 1, with top-p and beside greedy rows."""
+    import torch
+
+    from swaserve.engine.request import Request
+    from swaserve.engine.sample_stage import SampleStage
+    from swaserve.engine.scheduler import ScheduledSeq
+    from swaserve.sampling.sampler import Sampler
+
+    vocab = 500
+    kinds = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9), dict(temperature=0)]
+    reqs = [Request(f"q{i}", [1, 2], SamplingParams(**kinds[i % 3]), 64) for i in range(9)]
+    logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(4)) * 2
+    stage = SampleStage(Sampler(vocab, torch.device("cpu"), seed=3), vocab,
+                        torch.device("cpu"), frozenset())
+    rows, owners, failed = stage.rows([ScheduledSeq(r, 0, 2, True) for r in reqs], {})
+    assert not failed and [r for _, r in owners] == reqs
+    assert all(r.seed is not None for r in rows if not r.params.greedy)
+    whole = stage.sample(logits.clone(), rows, owners).tokens
+    stage.faults = FaultInjector()
+    stage.faults.arm("sampler", "q4")
+    hurt = stage.sample(logits.clone(), rows, owners)
+    assert set(hurt.failed) == {4}
+    for i in range(9):
+        if i != 4:
+            assert int(hurt.tokens[i]) == int(whole[i]), i

@@ -326,16 +326,19 @@ class CausalLM(nn.Module):
         if kernel is None or not head.takes(x, ctx.q8_kernel):
             return None
         greedy = ctx.argmax_rows or []
-        rows, tokens = greedy, None
+        rows, tokens, screened = greedy, None, False
         keyed = ctx.keyed
         if (keyed is not None and self.head_screen is not None
                 and self.head_screen.takes(x, ctx.q8_kernel)
                 and bool((keyed.temperature >= MIN_TEMPERATURE).all())):
-            rows = sorted(set(greedy) | set(keyed.rows))
+            rows, screened = sorted(set(greedy) | set(keyed.rows)), True
             tokens = self._screen_tokens(x[rows], keyed, rows)
-        if tokens is None:  # the greedy rows alone
+        if tokens is None:  # the greedy rows alone (not through a screen that just gave none)
             rows = greedy
-            tokens = self._greedy_tokens(x[rows], kernel) if rows else None
+            if not rows:
+                return None
+            tokens = (self.lm_head_q8.argmax(x[rows], kernel) if screened
+                      else self._greedy_tokens(x[rows], kernel))
             if tokens is None:
                 return None
         settled = tokens >= 0  # a keyed row past the screen's cap: -1, it takes logits

@@ -204,6 +204,21 @@ def test_logprobs_equal_log_softmax_of_scaled_logits(backend):
     assert abs(out.chosen_logprob[0].item() - lp0[out.tokens[0]].item()) < 1e-5
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logprobs_keep_their_precision_at_a_tiny_temperature(backend):
+    """At T = 2e-5 the scaled logits are ~1e5-1e6, where float32's spacing is 0.01-0.06:
+    log_softmax must take the max off before the log-sum-exp, or the best token's logprob
+    (0 or log 1/2 here) comes out off by a fraction of it (the MLX sampler's: 0.006)."""
+    t = 2e-5
+    logits = fixed_logits(2, seed=8)
+    logits[1, [3, 9]] = logits[1].max() + 1  # two equal best: log(1/2) each
+    out = make_sampler(backend)(logits.clone(), [
+        row(SamplingParams(temperature=t, logprobs=2, seed=1)) for _ in range(2)])
+    want = torch.log_softmax(logits.double() / t, -1)
+    for i in range(2):
+        assert abs(out.chosen_logprob[i].item() - want[i, out.tokens[i]].item()) < 1e-6
+    assert abs(out.chosen_logprob[1].item() - math.log(0.5)) < 1e-6
+
 @pytest.mark.parametrize("kw,name", [
     ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"), ({"min_p": 1.0}, "min_p"), ({"min_p": -0.1}, "min_p"),
@@ -329,8 +344,8 @@ def test_nuclei_past_the_bounded_width_come_from_wide_candidates(monkeypatch, nu
     rows = [row(p, pos=3 + i) for i, p in enumerate(params)]
     sorts = []
     real_sort = torch.Tensor.sort
-    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **kw: (
-        sorts.append(self.shape[0]), real_sort(self, *a, **kw))[1])
+    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **kw: (  # whole rows' sorts
+        self.shape[-1] == v and sorts.append(self.shape[0]), real_sort(self, *a, **kw))[1])
     got = Sampler(v, torch.device("cpu"))(logits.clone(), rows).tokens
     monkeypatch.setattr(torch.Tensor, "sort", real_sort)
     nucleus = []
@@ -393,6 +408,32 @@ def test_filtering_rows_from_the_kernel_draw_the_full_sorts_token(monkeypatch, t
             x[t] += b
         assert got[i].item() == _sorted_reference(x, p, r), (i, p)
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ties_across_a_cut_keep_the_smallest_ids_whatever_the_batch(backend, dtype):
+    """Equal logits (bf16 logits tie often) across a top-k or top-p cut: the kept ids are
+    the first in (x descending, id ascending), whatever width the step's other rows ask
+    for. torch's topk picked and ordered ties as it liked: top-k 2 of four equal ids kept
+    900 at one width and not at another."""
+    v = 4099
+    x = torch.full((v,), -6.0)
+    x[[900, 30, 4000, 7]] = 3.0  # four equal largest: top-k 2 keeps 7 and 30
+    y = torch.full((v,), -6.0)
+    y[[2000, 15]] = 3.0  # two equal largest, 0.4 of the mass each: top-p .3 keeps 15 alone
+    logits = torch.stack([x, y, torch.randn(v, generator=torch.Generator().manual_seed(0))])
+    logits = logits.to(dtype)
+    s = make_sampler(backend, v)
+    for seed in range(40):
+        params = [SamplingParams(temperature=1.0, top_k=2, seed=seed),
+                  SamplingParams(temperature=1.0, top_p=0.3, seed=seed),
+                  SamplingParams(temperature=1.0, top_k=1000, seed=seed)]
+        rows = [row(p, pos=9) for p in params]
+        both = s(logits.clone(), rows).tokens.tolist()
+        alone = [s(logits[i:i + 1].clone(), rows[i:i + 1]).tokens.item() for i in range(2)]
+        assert both[0] in (7, 30) and both[1] == 15, (seed, both)
+        assert both[:2] == alone, (seed, both, alone)
 
 def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
     """A step whose greedy rows come as argmaxes beside the other rows' logits (SplitLogits,

@@ -131,6 +131,9 @@ class MLXSampler(Sampler):
         top: tuple = ()
         if st.logprob_rows:
             lp = x[self._ix(st.logprob_rows)]
+            # less the max first, as torch's log_softmax: x - logsumexp(x) cancels to the
+            # float32 spacing of x (~0.03 at x ~ 5e5: logits over a temperature of 1e-5)
+            lp = lp - mx.max(lp, axis=-1, keepdims=True)
             lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
             chosen = self._chosen(lp, tokens, st)
             if st.num_logprobs:
@@ -204,13 +207,24 @@ class MLXSampler(Sampler):
             return mx.argmax(vals.astype(mx.float64) + gumbel_from_hash(h), axis=-1)
 
     def _candidates(self, x, width: int):
-        """The `width` largest entries of each row of x, sorted descending, and their ids."""
+        """The first `width` entries of each row of x in (value descending, id ascending)
+        order, and their ids (filtering.py `ordered_top`: argpartition picks equal values
+        at the cut as it likes). argsort is stable: equal values stay in id order."""
         mx = self.mx
-        if width >= x.shape[1]:
+        n = x.shape[1]
+        if width >= n:
             ids = mx.argsort(-x, axis=-1)
         else:
             top = mx.argpartition(-x, width - 1, axis=-1)[:, :width]
-            ids = mx.take_along_axis(top, mx.argsort(-mx.take_along_axis(x, top, axis=-1),
+            cut = mx.min(mx.take_along_axis(x, top, axis=-1), axis=-1, keepdims=True)
+            above, at = x > cut, x == cut
+            room = width - mx.sum(above, axis=-1, keepdims=True)
+            pick = above | (at & (mx.cumsum(at.astype(mx.int32), axis=-1) <= room))
+            pos = mx.arange(n, dtype=mx.int32)
+            # the picked ids, in id order (a row with a NaN picks fewer: others fill it)
+            ids = mx.sort(mx.argpartition(mx.where(pick, pos, pos + n), width - 1,
+                                          axis=-1)[:, :width], axis=-1)
+            ids = mx.take_along_axis(ids, mx.argsort(-mx.take_along_axis(x, ids, axis=-1),
                                                      axis=-1), axis=-1)
         return mx.take_along_axis(x, ids, axis=-1), ids
 

@@ -29,6 +29,44 @@ def _index(idx: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(idx, dtype=torch.int64, device=device)
 
 
+# candidates past the width that show whether equal values cross the cut (bf16 rows start
+# at the second: their 1,024th largest logit often ties with tens of others)
+TIE_SLACK = (16, 512)
+
+
+def ordered_top(x: torch.Tensor, width: int, temp: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, ids) [B, width]: the first `width` entries of each row of x [B, N] in the
+    order kept sets are defined on, value descending then id ascending; values over `temp`
+    [B, 1] when given, and ordered as such. `topk` picks and orders equal values as it
+    likes: a tie across a top-k or top-p cut would otherwise choose the kept ids by the
+    kernel's order, which can change with the width, so with the batch. TIE_SLACK more
+    candidates hold every id equal to the cut, or a row whose tie runs past them all is
+    sorted whole."""
+    n = x.shape[1]
+    out_v = out_i = rows = None
+    slacks = TIE_SLACK if x.dtype in (torch.float32, torch.float64) else TIE_SLACK[1:]
+    for slack in (*slacks, n):
+        k = min(n, width + slack)
+        src = x if rows is None else x.index_select(0, rows)
+        v, i = (src.sort(dim=-1, descending=True, stable=True) if k == n
+                else src.topk(k, dim=-1))
+        longer = v[:, -1] == v[:, width - 1] if k < n else None  # ties past the slack
+        if temp is not None:
+            v = v / (temp if rows is None else temp[rows])  # distinct values may round to one
+        i, by_id = i.sort(dim=-1)
+        v, order = v.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+        v, i = v[:, :width], i.gather(1, order[:, :width])
+        if rows is None:
+            out_v, out_i = v, i
+        else:
+            out_v[rows], out_i[rows] = v, i
+        if longer is None or not longer.any():
+            break
+        rows = (torch.arange(x.shape[0], device=x.device) if rows is None else rows)[longer]
+    return out_v, out_i
+
+
 def noise(st: SamplingTensors, rows: list[int], token_ids: torch.Tensor) -> torch.Tensor:
     """Gumbel noise (float64) for keyed rows `rows` at vocabulary ids `token_ids` ([R, N] or
     [N])."""
@@ -134,14 +172,14 @@ def _draw_sorted(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, i
     ids = torch.empty(len(idx), width, dtype=torch.int64, device=logits.device)
     raw = [i for i in idx if i not in pos]
     if raw:
-        v, t = logits.index_select(0, _index(raw, logits.device)).topk(width, dim=-1)
+        v, t = ordered_top(logits.index_select(0, _index(raw, logits.device)), width,
+                           temp[[at[i] for i in raw]])
         vals[[at[i] for i in raw]], ids[[at[i] for i in raw]] = v.float(), t
     edited = [i for i in idx if i in pos]
     if edited:
         own = fl.index_select(0, _index([pos[i] for i in edited], logits.device))
-        v, t = own.topk(width, dim=-1)
+        v, t = ordered_top(own, width, temp[[at[i] for i in edited]])
         vals[[at[i] for i in edited]], ids[[at[i] for i in edited]] = v, t
-    vals = vals / temp
     wide = [j for j, i in enumerate(idx) if int(st.top_k[i]) > width]
     log_norm = rows_full = lse = None
     if wide:  # the whole row's normaliser, for rows whose top-k set is the vocabulary
@@ -179,7 +217,7 @@ def _draw_wide(rows: torch.Tensor, st: SamplingTensors, sub: list[int], vocab: i
     left = list(range(len(sub)))
     width = WIDE_TOP_K
     if rows.shape[1] > width:
-        v, t = rows.topk(width, dim=-1)
+        v, t = ordered_top(rows, width)
         whole = top_k >= vocab
         if norms is None:
             norms = torch.logsumexp(rows, dim=-1)
@@ -190,7 +228,7 @@ def _draw_wide(rows: torch.Tensor, st: SamplingTensors, sub: list[int], vocab: i
         tokens[exact] = drawn[exact]
         left = [j for j in left if not bool(exact[j])]
     if left:
-        v, t = rows[left].sort(dim=-1, descending=True)
+        v, t = rows[left].sort(dim=-1, descending=True, stable=True)
         keep = filter_sorted(v, top_k[left], top_p[left], min_p[left])
         score = (v.double() + noise(st, [sub[j] for j in left], t)).masked_fill(
             ~keep, float("-inf"))

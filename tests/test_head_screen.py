@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swaserve.kernels import q8, screen
 
@@ -397,3 +399,46 @@ def test_the_bound_holds_where_rounding_errs_all_one_way():
     cand, count = s.candidates(x)
     assert a in cand[0, :count[0]].tolist()
     assert int(s.argmax(x)[0]) == a
+
+
+@pytest.fixture(scope="module")
+def fuzz_heads():
+    """Two built screens: Q8_0-like columns, and Q4_K-like ones with offsets."""
+    k = 256
+    heads = [(h, built_screen(h, k)) for h in (random_head(4096, k, seed=7),
+                                                random_head(4096, k, seed=8, offsets=True))]
+    yield heads
+    assert all(s.drawn >= 600 for _, s in heads), [s.drawn for _, s in heads]  # keyed rows ran
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(head=st.integers(0, 1), m=st.integers(1, 48),
+       spread=st.sampled_from([0.002, 0.03, 0.08, 0.3]),
+       temps=st.lists(st.sampled_from([0.0, 0.0, screen.MIN_TEMPERATURE, 0.01, 0.3, 1.0, 1.0,
+                                       2.5, 100.0, 1e6]), min_size=1, max_size=48),
+       ties=st.booleans(), data_seed=st.integers(0, 2**31))
+def test_fuzz_screen_tokens_are_the_samplers_on_whole_logits(fuzz_heads, head, m, spread, temps,
+                                                             ties, data_seed):
+    """hypothesis draws the rows (how many, their spread from flat to peaked, equal rows
+    whose logits tie exactly, greedy and keyed rows from MIN_TEMPERATURE to 1e6): each
+    token the screen settles is the sampler's on q8_dpbf16's whole logits, with the same
+    keys; a row it leaves (-1) is keyed and past CAP."""
+    from swaserve.sampling.params import SamplingParams
+    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+
+    h, s = fuzz_heads[head]
+    g = torch.Generator().manual_seed(data_seed)
+    x = (hidden_rows(m, 256, seed=data_seed).float() * spread / 0.08).bfloat16()
+    if ties and m > 1:
+        x[m // 2:] = x[0]  # the same logits: only their keys tell them apart
+    rows = [SamplerRow(SamplingParams(temperature=temps[i % len(temps)]),
+                       int(torch.randint(2**62, (1,), generator=g)),
+                       int(torch.randint(1 << 20, (1,), generator=g)), [1], []) for i in range(m)]
+    temperature = torch.tensor([float(r.params.temperature) for r in rows])
+    got = s.tokens(x, temperature, row_prefixes(rows, torch.device("cpu")))
+    assert got is not None
+    want = Sampler(4096, torch.device("cpu"))(h.matmul(x, kernel="dpbf16"), rows).tokens
+    settled = got >= 0
+    assert bool((temperature[~settled] > 0).all())
+    assert torch.equal(got[settled], want[settled])

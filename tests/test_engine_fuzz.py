@@ -2,11 +2,11 @@
 prefixes or not, shorter and longer than the window; greedy and seeded rows with every
 filter and penalty; n > 1; stop tokens; arrivals over the first steps; aborts) onto a pool
 small enough to evict prefixes and retract requests. Every request ends; the pool checks
-its integrity after each step and is free at the end; and every request that was not
-aborted gets the tokens it gets alone on a fresh engine without a prefix cache: sharing a
-step, a prefix, a retraction or a neighbour's abort changes nothing. Batch-invariant mode
-(float32), so that a row's bits do not depend on how many share its step. Bounded: a fixed
-number of derandomized examples on the tiny hybrid model (W = 8)."""
+its integrity after each step and returns whole at the end; and every request that was
+not aborted gets the tokens it gets alone on an engine without a prefix cache or drafts:
+sharing a step, a prefix, a retraction, n-gram drafts or a neighbour's abort changes
+nothing. Bounded: a fixed number of derandomized examples on the tiny hybrid model
+(W = 8), ~65 s in all."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ KINDS = {
     "penalties": {"temperature": 0.8, "presence_penalty": 1.0, "frequency_penalty": 0.5,
                   "repetition_penalty": 1.2, "logit_bias": {5: 2.0}},
 }
-STATS = {"retracted": 0, "aborted": 0, "compared": 0, "cached_tokens": 0}
+STATS = {"retracted": 0, "aborted": 0, "compared": 0, "cached_tokens": 0, "drafts_accepted": 0}
 
 
 def params_of(spec: dict, seed: int) -> SamplingParams:
@@ -89,6 +89,7 @@ def reference(tiny_hybrid):
         return seen[key]
     yield tokens
     assert STATS["retracted"] >= 5 and STATS["aborted"] >= 5, STATS
+    assert STATS["drafts_accepted"] >= 50, STATS
     assert STATS["compared"] >= 100 and STATS["cached_tokens"] >= 200, STATS
 
 
@@ -101,17 +102,22 @@ def check_pool_returns(eng) -> None:
         assert wp.num_free == wp.num_pages
 
 
+@pytest.mark.parametrize("speculative", [None, "ngram"])
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(specs=st.lists(REQUEST, min_size=1, max_size=10))
-def test_fuzzed_workloads_give_every_request_its_tokens_alone(tiny_hybrid, reference, specs):
+def test_fuzzed_workloads_give_every_request_its_tokens_alone(tiny_hybrid, reference,
+                                                              speculative, specs):
     """Batch-invariant mode (float32, so that a row's bits do not depend on how many share
     its step, which turns the prefix cache off): requests arrive over the first steps, share
-    steps, retract when the pool runs out, are aborted; each one that is not gets its
-    tokens alone."""
+    steps, retract when the pool runs out, are aborted; with n-gram drafts or not (each
+    one verified, the gate that times them open); each one that is not aborted gets its
+    tokens alone without drafts."""
     path, _ = tiny_hybrid
-    eng = engine(path, batch_invariant=True)
+    eng = engine(path, batch_invariant=True, speculative=speculative)
     assert eng.cache.num_total_pages == 40
+    if eng.speculator is not None:  # a tiny model's step times are noise: draft always
+        eng.speculator.gate.allow = lambda n: True
     added: list[tuple[dict, list[int], SamplingParams, list]] = []
     step = 0
     while step == 0 or eng.has_unfinished() or any(s["arrive"] >= step for s in specs):
@@ -129,6 +135,8 @@ def test_fuzzed_workloads_give_every_request_its_tokens_alone(tiny_hybrid, refer
         assert step <= MAX_STEPS, "the workload did not finish"
     check_pool_returns(eng)
     STATS["retracted"] += eng.scheduler.num_preemptions
+    if eng.speculator is not None:
+        STATS["drafts_accepted"] += eng.speculator.stats.accepted
     for spec, prompt, params, reqs in added:
         assert all(r.is_finished for r in reqs)
         assert not any(r.finish_reason is FinishReason.ERROR for r in reqs), [r.error for r in reqs]

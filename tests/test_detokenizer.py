@@ -56,13 +56,16 @@ def test_streamed_pieces_are_one_decode_of_all_tokens(tokenizer, data, skip):
     whole = tokenizer.decode(ids, skip)
     assert "".join(pieces) == detok.text
     text = detok.text
-    if whole.endswith("\ufffd"):  # an incomplete character at the end waits for more
-        assert set(whole[len(text):]) == {"\ufffd"}, (ids, skip)
-        whole = whole[:len(text)]
-    # byte fallback decodes a run of byte tokens whole: a run that is not valid UTF-8
-    # becomes one U+FFFD a byte, the valid bytes the stream already sent before it too
-    assert len(text) == len(whole) and all(
-        a == b or b == "\ufffd" for a, b in zip(text, whole)), (ids, skip, text, whole)
+    if "\ufffd" not in whole:
+        assert text == whole, (ids, skip)
+        return
+    # Byte fallback decodes a run of byte tokens whole, and a run that is not valid UTF-8
+    # as one U+FFFD a byte, the valid characters the stream already sent before it too
+    # (a lone <0x80> after <0xC2><0x80>: "\x80" was sent, one decode gives three U+FFFD).
+    # The stream keeps every other character, in order, and is no longer.
+    rest = iter(text)
+    assert all(c in rest for c in whole.replace("\ufffd", "")), (ids, skip, text, whole)
+    assert len(text) <= len(whole), (ids, skip, text, whole)
 
 
 @settings(max_examples=EXAMPLES // 3, deadline=None, derandomize=True, database=None,

@@ -126,13 +126,14 @@ def scaled_row(x: torch.Tensor, r: SamplerRow) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def kernel_calls():
-    """Counts of the C kernels' calls over the module's examples: the differential check
-    would pass vacuously if no row reached them (all greedy, or all sorted in torch)."""
+    """Counts of the C kernels' calls over the module's examples (the differential check
+    would pass vacuously if no row reached them: all greedy, or all sorted in torch), and
+    of the rows that drew another kept set's token at a float32 edge of top-p or min-p."""
     from swaserve.kernels import gumbel
 
     if gumbel.nucleus_entry() is None:
         pytest.skip("no C compiler for gumbel.c")
-    calls = {"candidates": 0, "nucleus_candidates": 0, "torch": 0}
+    calls = {"candidates": 0, "nucleus_candidates": 0, "torch": 0, "rows": 0, "edges": 0}
     with pytest.MonkeyPatch.context() as mp:
         for name in ("candidates", "nucleus_candidates"):
             real = getattr(gumbel, name)
@@ -143,6 +144,7 @@ def kernel_calls():
                 return found
             mp.setattr(gumbel, name, counted)
         yield calls
+    assert calls["edges"] <= calls["rows"] // 100, calls  # an edge is rare, not a habit
     if calls["torch"]:  # the MLX sampler has its own ops
         assert calls["candidates"] >= 20 and calls["nucleus_candidates"] >= 20, calls
 
@@ -183,15 +185,20 @@ def test_every_row_draws_the_full_sorts_token(kernel_calls, backend, dtype, voca
         assert 0 <= tok < vocab
         if r.grammar_bias is not None:
             assert r.grammar_bias[tok] == 0, (i, "a masked token")
-        if backend == "torch":
-            assert tok == reference(logits[i], r), (i, r.params)
-        else:  # MLX's cumsum rounds apart from torch's: mass exactly at top-p may differ
-            assert tok in {reference(logits[i], r, e) for e in (0.0, -1e-5, 1e-5)}, (i, r.params)
+        # a mass on the top-p or min-p edge to float32's precision: gumbel.c's float64 sums
+        # and MLX's cumsum may decide it apart from this reference's float32 ones
+        if tok != reference(logits[i], r):
+            assert tok in {reference(logits[i], r, e) for e in (-1e-5, 1e-5)}, (i, r.params)
+            kernel_calls["edges"] += 1
+        kernel_calls["rows"] += 1
     for j, i in enumerate(out.logprob_rows):
-        lp = torch.log_softmax(scaled_row(logits[i], batch[i]), -1)
+        x = scaled_row(logits[i], batch[i])
+        lp = torch.log_softmax(x, -1)
         chosen = float(out.chosen_logprob[j])
         want = float(lp[int(out.tokens[i])])
-        assert chosen == want or math.isclose(chosen, want, rel_tol=1e-5, abs_tol=1e-5), (
+        # float32 round-off of the scaled logits themselves: ~8 units of the largest's last place
+        tol = 1e-5 + 1e-6 * float(x[x.isfinite()].abs().max())
+        assert chosen == want or math.isclose(chosen, want, rel_tol=1e-5, abs_tol=tol), (
             i, chosen, want)
         n = batch[i].params.logprobs
         if n:

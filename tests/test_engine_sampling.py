@@ -53,3 +53,29 @@ def test_logprobs_and_min_tokens(tiny_hybrid):
     assert len(c.logprobs) == 6
     for t, entry in zip(c.token_ids, c.logprobs):
         assert t in entry and len(entry) >= 3 and all(v <= 0 for v in entry.values())
+
+
+def test_a_sibling_that_cannot_fork_ends_where_its_first_token_ends_it(tiny_hybrid):
+    """An n > 1 sibling with no row to fork into waits to prefill on its own, its first
+    token already sampled from the parent's prompt. When that token ends it (max_tokens 1,
+    a stop token) it must leave the queue finished: it stayed in it, was admitted again
+    and wrote a second token past max_tokens (found by tests/test_engine_fuzz.py)."""
+    from conftest import tiny_engine
+
+    path, _ = tiny_hybrid
+    prompt = random_prompt(12, seed=1)
+    ref = tiny_engine(path)
+    first = ref.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))[0]
+    while ref.has_unfinished():
+        ref.step()
+    for kw in ({"max_tokens": 1}, {"max_tokens": 6, "stop_token_ids": first.output_token_ids}):
+        eng = tiny_engine(path, max_running_requests=1)  # one row: the sibling cannot fork
+        reqs = eng.add_request(prompt, SamplingParams(temperature=0, n=2, ignore_eos=True, **kw))
+        steps = 0
+        while eng.has_unfinished():
+            eng.step()
+            eng.check_integrity()
+            steps += 1
+            assert steps < 20
+        assert [r.output_token_ids for r in reqs] == [first.output_token_ids] * 2, kw
+        assert eng.cache.is_fully_free()

@@ -110,6 +110,10 @@ class Scheduler:
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         was_running = req.status is RequestStatus.RUNNING
+        if req.status is RequestStatus.WAITING and req in self.waiting:
+            # an n > 1 sibling that could not fork waits with its first token already
+            # sampled: when that token ends it, it must not be admitted again
+            self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if was_running:

@@ -3,9 +3,10 @@
 
 Rows whose float32 logits kernels/gumbel.c reads take their kept set from it without
 sorting (`_draw_nucleus`); the others, and rows it leaves, draw on `[B, K_max]` candidates
-from one `topk` when every one of them has top_k <= BOUNDED_TOP_K, else on WIDE_TOP_K
-candidates or the sorted vocabulary (`_draw_sorted`, `_draw_wide`). A row's noise is keyed
-by vocabulary id (murmur.py), so every path draws the same token.
+(`ordered_top`: the first of (x descending, id ascending), ties at the cut included) when
+every one of them has top_k <= BOUNDED_TOP_K, else on WIDE_TOP_K candidates or the sorted
+vocabulary (`_draw_sorted`, `_draw_wide`). A row's noise is keyed by vocabulary id
+(murmur.py), so every path draws the same token.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def _float_rows(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, in
 
 def _draw_sorted(logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
                  st: SamplingTensors, idx: list[int], vocab: int) -> torch.Tensor:
-    """Filter and draw on sorted candidates: one `topk` of width K_max (<= BOUNDED_TOP_K)
+    """Filter and draw on sorted candidates: `ordered_top` of width K_max (<= BOUNDED_TOP_K)
     for filtering rows `idx`. A row with top_k = all is exact on those candidates when its
     last candidate is filtered out (top-p and min-p are monotone in rank), with
     probabilities normalised over the whole vocabulary; other wide rows sort the whole

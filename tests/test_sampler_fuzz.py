@@ -82,10 +82,10 @@ def make_sampler(backend: str, vocab: int, seed: int):
     return Wrapped()
 
 
-def reference(x: torch.Tensor, r: SamplerRow, edge: float = 0.0) -> int:
-    """The token of row r over its logits x [V] by the definition: edits, temperature,
-    the full stable sort (x descending, id ascending), its kept set and argmax(x + g);
-    with `edge`, top-p and min-p moved by that fraction."""
+def edited(x: torch.Tensor, r: SamplerRow) -> torch.Tensor:
+    """Row r's logits x [V] in float32 with its edits, by their definitions: + logit bias,
+    + grammar mask, repetition penalty on tokens seen in prompt or output, then frequency
+    and presence penalties over the output's counts."""
     p = r.params
     x = x.float().clone()
     for t, b in (p.logit_bias or {}).items():
@@ -97,7 +97,15 @@ def reference(x: torch.Tensor, r: SamplerRow, edge: float = 0.0) -> int:
     seen = counts > 0
     seen[list(r.prompt_ids)] = True
     x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
-    x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+    return x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+
+
+def reference(x: torch.Tensor, r: SamplerRow, edge: float = 0.0) -> int:
+    """The token of row r over its logits x [V] by the definition: edits, temperature,
+    the full stable sort (x descending, id ascending), its kept set and argmax(x + g);
+    with `edge`, top-p and min-p moved by that fraction."""
+    p = r.params
+    x = edited(x, r)
     if p.greedy:
         return int(x.argmax())
     vals, ids = (x / p.temperature).sort(descending=True, stable=True)
@@ -108,20 +116,6 @@ def reference(x: torch.Tensor, r: SamplerRow, edge: float = 0.0) -> int:
     prefix = murmur.row_prefix(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([r.position]))
     noise = murmur.gumbel_from_hash(murmur.murmur_hash(prefix, ids))[0]
     return int(ids[(vals.double() + noise).masked_fill(~keep, float("-inf")).argmax()])
-
-
-def scaled_row(x: torch.Tensor, r: SamplerRow) -> torch.Tensor:
-    """log_softmax's input for a row's logprobs: the sampler's own edits (tested exactly in
-    test_sampler.py) over temperature, 1 for greedy rows."""
-    from swaserve.sampling.sampler import apply_penalties
-
-    y = x.float().clone()[None]
-    for t, b in (r.params.logit_bias or {}).items():
-        y[0, t] += b
-    if r.grammar_bias is not None:
-        y[0] += r.grammar_bias
-    apply_penalties(y, [r], [0])
-    return y[0] / (1.0 if r.params.greedy else r.params.temperature)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +186,8 @@ def test_every_row_draws_the_full_sorts_token(kernel_calls, backend, dtype, voca
             kernel_calls["edges"] += 1
         kernel_calls["rows"] += 1
     for j, i in enumerate(out.logprob_rows):
-        x = scaled_row(logits[i], batch[i])
+        x = edited(logits[i], batch[i]) / (1.0 if batch[i].params.greedy
+                                             else batch[i].params.temperature)
         lp = torch.log_softmax(x, -1)
         chosen = float(out.chosen_logprob[j])
         want = float(lp[int(out.tokens[i])])

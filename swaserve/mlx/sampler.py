@@ -214,18 +214,23 @@ class MLXSampler(Sampler):
         n = x.shape[1]
         if width >= n:
             ids = mx.argsort(-x, axis=-1)
-        else:
-            top = mx.argpartition(-x, width - 1, axis=-1)[:, :width]
-            cut = mx.min(mx.take_along_axis(x, top, axis=-1), axis=-1, keepdims=True)
+            return mx.take_along_axis(x, ids, axis=-1), ids
+        ids = mx.sort(mx.argpartition(-x, width - 1, axis=-1)[:, :width], axis=-1)
+        cut = mx.min(mx.take_along_axis(x, ids, axis=-1), axis=-1, keepdims=True)
+        # rows where a value equal to the cut was left out: the smallest such ids belong
+        crossed = mx.sum(x == cut, axis=-1) > mx.sum(mx.take_along_axis(x, ids, axis=-1) == cut,
+                                                    axis=-1)
+        if mx.any(crossed).item():  # (a full pass more, only when some tie crosses the cut)
             above, at = x > cut, x == cut
             room = width - mx.sum(above, axis=-1, keepdims=True)
             pick = above | (at & (mx.cumsum(at.astype(mx.int32), axis=-1) <= room))
             pos = mx.arange(n, dtype=mx.int32)
-            # the picked ids, in id order (a row with a NaN picks fewer: others fill it)
-            ids = mx.sort(mx.argpartition(mx.where(pick, pos, pos + n), width - 1,
-                                          axis=-1)[:, :width], axis=-1)
-            ids = mx.take_along_axis(ids, mx.argsort(-mx.take_along_axis(x, ids, axis=-1),
-                                                     axis=-1), axis=-1)
+            # the picked ids first (a row with a NaN picks fewer: any others fill it)
+            exact = mx.sort(mx.argpartition(mx.where(pick, pos, pos + n), width - 1,
+                                            axis=-1)[:, :width], axis=-1)
+            ids = mx.where(crossed[:, None], exact.astype(ids.dtype), ids)
+        ids = mx.take_along_axis(ids, mx.argsort(-mx.take_along_axis(x, ids, axis=-1), axis=-1),
+                                 axis=-1)
         return mx.take_along_axis(x, ids, axis=-1), ids
 
     def _widths(self) -> list[int]:

@@ -221,18 +221,22 @@ def test_health_answers_fast_while_huge_prompts_are_processed(tiny_long_context)
                               "--max-model-len", "32768")
     try:
         # 260k characters (580 kB) of byte-level tokens: tokenized whole (0.15-0.2 s each),
-        # more tokens than the context holds; 8 times that (4.6 MB) is refused by its head
+        # more tokens than the context holds; 8 times that (4.6 MB) is refused by its head.
+        # The bodies are encoded here, before polling: json.dumps of 4.6 MB holds this
+        # process's GIL for ~30 ms, which the polls would count
         words = ("漢字かな🙂é ab " * 40_000)[:260_000]
+        bodies = [(path, json.dumps(body).encode()) for path, body in [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": words}]}),
+            ("/v1/completions", {"prompt": words}),
+            ("/v1/completions", {"prompt": words * 8})]]
         stop = threading.Event()
 
         def huge():
-            with httpx.Client(timeout=120) as c:
+            with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
                 for _ in range(4):
-                    r = c.post(base + "/v1/chat/completions", json={"messages": [
-                        {"role": "user", "content": words}]})
-                    assert r.json()["error"]["code"] == "context_length_exceeded"
-                    c.post(base + "/v1/completions", json={"prompt": words})
-                    c.post(base + "/v1/completions", json={"prompt": words * 8})
+                    codes = [c.post(base + path, content=body).json()["error"]["code"]
+                             for path, body in bodies]
+                    assert codes == ["context_length_exceeded"] * 3, codes
             stop.set()
 
         t = threading.Thread(target=huge)
@@ -245,12 +249,13 @@ def test_health_answers_fast_while_huge_prompts_are_processed(tiny_long_context)
                 took.append(time.perf_counter() - t0)
                 time.sleep(0.02)
         t.join()
-        # a loop blocked by the tokenizer would hold a poll at each of the eight prompts it
-        # tokenizes (0.15-0.2 s each); one slow poll is the shared machine's (a full suite
-        # once saw 115 ms, alone the worst is 9-24 ms)
-        took.sort()
-        assert len(took) >= 10 and took[-2] < 0.1, f"/health took {took[-3:]} s"
-        assert took[-1] < 1.0, f"/health took {took[-1]:.2f} s"
+        # a loop blocked by the tokenizer holds a poll at each of the eight prompts it
+        # tokenizes whole (0.15-0.2 s each). The server parses each 4.6 MB body on its loop
+        # (json + pydantic, 15-25 ms alone), and a shared machine stalls a few polls past
+        # 100 ms (CI once saw 103, 119 and 134 ms): up to four slow polls pass
+        slow = [round(s, 3) for s in took if s >= 0.1]
+        assert len(took) >= 10 and len(slow) <= 4, f"/health took {slow} s"
+        assert max(took) < 1.0, f"/health took {max(took):.2f} s"
     finally:
         stop_server(proc)
 

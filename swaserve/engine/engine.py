@@ -20,8 +20,8 @@ are the same with and without overlap.
 Speculative decoding (`speculative="ngram"`, engine/speculative.py): before a step each
 decoding request may get a draft; the scheduler adds it to the request's decode token as
 more decode rows, the sample stage samples each row as if the draft before it was kept, and
-postprocess keeps tokens while they equal the draft (`_accept_draft`), then forgets the KV
-of the rest. The output is the non-speculative output.
+postprocess (engine/postprocess.py) keeps tokens while they equal the draft, then forgets
+the KV of the rest. The output is the non-speculative output.
 
 Faults stay with their request: a row whose sampling, grammar mask, detokenization or stop
 check raises fails that request only (FinishReason.ERROR with a RequestError); the rest of
@@ -51,10 +51,11 @@ from swaserve.engine.backend import backend_for
 from swaserve.engine.faults import FaultInjector, KVLost
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
+from swaserve.engine.postprocess import Postprocessor
 from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
 from swaserve.engine.sample_stage import SampleStage
-from swaserve.engine.scheduler import Batch, ScheduledSeq, Scheduler
+from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
@@ -175,6 +176,8 @@ class Engine:
                                            config.ngram_max, config.speculative_max_rows)
                            if config.speculative == "ngram" else None)
         self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
+        self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
+                                  self._forks, self.fail)
         self._ids = itertools.count()
         self._seq = itertools.count()
         self._open: list[_Launched] = []  # launched steps not postprocessed yet
@@ -361,12 +364,12 @@ class Engine:
     def _finish(self, step: _Launched, t0: float) -> list[Request]:
         out, forward_s, sample_s = step.wait()
         if step.scored:
-            self._record_prompt_logprobs(step)
+            self.post.prompt_logprobs(step.score, step.scored)
         seqs = step.batch.seqs
         # what a token costs in decode steps with drafts and without (speculative.CostGate)
         gated = self.speculator is not None and all(s.num_known == 1 for s in seqs)
         before = sum(s.request.num_output_tokens for s in seqs) if gated else 0
-        changed = self.postprocess(step.batch, step.owners, out, step.failed)
+        changed = self.post.run(step.batch, step.owners, out, step.failed)
         self._open.remove(step)
         self.last_step = StepStats(step.batch.num_tokens, len(seqs),
                                    time.perf_counter() - t0, forward_s, sample_s)
@@ -435,7 +438,7 @@ class Engine:
                 prepared.ctx.argmax_rows = greedy
             if len(greedy) < len(rows) and self.model.draws_keyed_rows:
                 prepared.ctx.keyed = keyed_rows(rows, self.device)
-        for s in batch.seqs:  # a draft's positions count once accepted (_accept_draft)
+        for s in batch.seqs:  # a draft's positions count once accepted (postprocess)
             s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1
         for s in prepared.sampled:
@@ -475,143 +478,11 @@ class Engine:
         kernel it would take without them."""
         return min(self.config.speculative_max_rows, self.model.same_numerics_rows(decodes))
 
-    def _record_prompt_logprobs(self, step: _Launched) -> None:
-        """Hand each scored prompt row's logprobs to its request (by position: a prompt
-        recomputed after a retraction writes the same entries again)."""
-        sc = step.score
-        chosen, top_lp, top_ids = (sc.logprobs.tolist(), sc.top_logprobs.tolist(),
-                                   sc.top_ids.tolist())
-        targets = sc.targets.tolist()
-        k = 0
-        for req, start, count in step.scored:
-            try:
-                n = req.params.prompt_logprobs
-                for i in range(k, k + count):
-                    entry = {targets[i]: chosen[i]}
-                    for t, v in zip(top_ids[i][:n], top_lp[i][:n]):
-                        entry.setdefault(t, v)
-                    req.prompt_logprobs[start + 1 + i - k] = entry
-            except Exception as e:  # noqa: BLE001 - this request fails alone
-                self._fail_alone(req, e)
-            k += count
-
     def _chains(self, req: Request) -> bool:
         """Can the step after this one be built before this one's token is read back?"""
         p = req.params
         return (req.grammar is None and not p.stop and not has_penalty(p)
                 and req.request_id not in self._forks)
-
-    @timed("postprocess")
-    def postprocess(self, batch: Batch, owners: list[tuple[int, Request]],
-                    out: SamplerOutput, failed: dict[int, BaseException] | None = None
-                    ) -> list[Request]:
-        """Hand each sampled token to its request (engine/output.py). What raises for one
-        request (or failed for it before: `failed`, `out.failed`) fails that request only."""
-        for s in batch.seqs:
-            s.request.in_flight -= 1
-            if s.sample:
-                s.request.num_pending -= 1
-        self.scheduler.release_deferred()
-        failed = {**(failed or {}), **out.failed}
-        tokens = out.tokens.tolist()  # the one host sync of the step
-        lp_pos = {row: j for j, row in enumerate(out.logprob_rows)}
-        chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
-        top_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        # forks first: a parent that finishes on this token frees the row its siblings copy
-        parent_of: dict[int, Request] = {}
-        for j, (i, req) in enumerate(owners):
-            if i not in parent_of:
-                parent_of[i] = req
-            elif j not in failed:
-                try:
-                    self._fork(parent_of[i], req)
-                except Exception as e:  # noqa: BLE001 - this sibling fails alone
-                    failed[j] = e
-
-        def entry(j: int, tok: int, n: int) -> dict[int, float] | None:
-            """Sampler row j's logprobs: the chosen token's and the top n."""
-            if chosen is None or j not in lp_pos:
-                return None
-            k = lp_pos[j]
-            out = {tok: chosen[k]}
-            if top_ids is not None:
-                for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
-                    out.setdefault(t, v)
-            return out
-
-        drafted = {id(s.request): s for s in batch.seqs if s.draft}
-        changed = []
-        now = time.monotonic()
-        j = 0
-        while j < len(owners):
-            req = owners[j][1]
-            seq = drafted.pop(id(req), None)  # its rows: the decode token's, then the draft's
-            block = range(j, j + 1 + (len(seq.draft) if seq is not None else 0))
-            j = block.stop
-            if req.is_finished:  # it stopped while this step computed it: a surplus token
-                continue
-            changed.append(req)
-            n_lp = req.params.logprobs or 0
-            bad = next((i for i in block if i in failed), None)
-            if bad is not None:
-                self._fail_alone(req, failed[bad])
-                continue
-            try:
-                if seq is not None:
-                    self._accept_draft(req, seq, [tokens[i] for i in block],
-                                       [entry(i, tokens[i], n_lp) for i in block], now)
-                    continue
-                if not req.output_token_ids and req.row is not None:
-                    self.scheduler.on_prompt_done(req)
-                if req.max_new_tokens == 0:  # the prompt was all it asked for
-                    self.scheduler.finish(req, FinishReason.LENGTH)
-                    continue
-                tok = tokens[block.start]
-                self.output.accept(req, tok, entry(block.start, tok, n_lp), now)
-            except Exception as e:  # noqa: BLE001 - this request fails alone
-                self._fail_alone(req, e)
-        for req in batch.retracted:
-            log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
-        return changed
-
-    def _accept_draft(self, req: Request, seq: ScheduledSeq, tokens: list[int],
-                      entries: list[dict[int, float] | None], now: float) -> None:
-        """Keep the sampled tokens of a drafted seq up to the first that differs from its
-        draft, and that one: each was sampled as if the draft before it was accepted, which
-        it was. The KV of the positions after is forgotten (KVCache.discard)."""
-        draft, accepted = seq.draft, 0
-        for i, tok in enumerate(tokens):
-            req.num_computed_tokens = seq.start + i + 1  # position start + i had the right input
-            self.output.accept(req, tok, entries[i], now)
-            hit = i < len(draft) and tok == draft[i]
-            accepted += hit
-            if req.is_finished or not hit:
-                break
-        self.speculator.record(req, len(draft), accepted)
-        if not req.is_finished:
-            self.cache.discard(req.row, req.num_computed_tokens, seq.start + seq.num_tokens)
-
-    def _fail_alone(self, req: Request, err: BaseException) -> None:
-        log.error("request %s failed: %s: %s", req.request_id, type(err).__name__, err,
-                  exc_info=err)
-        self.fail(req, RequestError(f"processing this request failed: "
-                                    f"{type(err).__name__}: {err}"))
-
-    def _fork(self, parent: Request, child: Request) -> None:
-        """Give an n>1 sibling the parent's prompt KV: shared full pages, copied rings."""
-        siblings = self._forks.get(parent.request_id, [])
-        if child in siblings:
-            siblings.remove(child)
-        if not siblings:
-            self._forks.pop(parent.request_id, None)
-        row = self.cache.fork_row(parent.row, parent.num_prompt_tokens)
-        if row is not None:
-            child.row = row
-            child.num_computed_tokens = parent.num_prompt_tokens
-            self.scheduler.start_running(child)
-        else:  # no free row or page now: it prefills on its own later (same tokens, slower)
-            self.scheduler.enqueue(child)
 
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> EngineStats:

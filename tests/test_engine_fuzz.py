@@ -19,7 +19,9 @@ from swaserve.engine.request import FinishReason
 from swaserve.sampling.params import SamplingParams
 
 EXAMPLES = 25
-MAX_STEPS = 600
+# steps without a new token or a finished request: a hang (a retracted request recomputes
+# its <= 150 tokens in chunks of 16, 10 steps, before it samples again)
+STALL_STEPS = 64
 
 REQUEST = st.fixed_dictionaries({
     "base": st.integers(0, 2),  # which shared prefix the prompt starts with
@@ -119,7 +121,8 @@ def test_fuzzed_workloads_give_every_request_its_tokens_alone(tiny_hybrid, refer
     if eng.speculator is not None:  # a tiny model's step times are noise: draft always
         eng.speculator.gate.allow = lambda n: True
     added: list[tuple[dict, list[int], SamplingParams, list]] = []
-    step = 0
+    step = last_progress = 0
+    progress = (0, 0)
     while step == 0 or eng.has_unfinished() or any(s["arrive"] >= step for s in specs):
         for i, spec in enumerate(specs):
             if spec["arrive"] == step:
@@ -132,7 +135,13 @@ def test_fuzzed_workloads_give_every_request_its_tokens_alone(tiny_hybrid, refer
         eng.step()
         eng.check_integrity()
         step += 1
-        assert step <= MAX_STEPS, "the workload did not finish"
+        reqs = [r for *_, rs in added for r in rs]
+        now = (sum(r.num_output_tokens for r in reqs), sum(r.is_finished for r in reqs))
+        if now != progress:
+            progress, last_progress = now, step
+        assert step - last_progress <= STALL_STEPS, (
+            f"no request gained a token or finished in {STALL_STEPS} steps: "
+            f"{[(r.request_id, r.status.name, r.num_output_tokens) for r in reqs]}")
     check_pool_returns(eng)
     STATS["retracted"] += eng.scheduler.num_preemptions
     if eng.speculator is not None:

@@ -100,19 +100,16 @@ class Scheduler:
 
     def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a request wherever it is (waiting, running, or not queued yet)."""
-        if req.status is RequestStatus.RUNNING:
+        if req.status is not RequestStatus.FINISHED:
             self.finish(req, reason)
-        elif req.status is RequestStatus.WAITING:
-            if req in self.waiting:
-                self.waiting.remove(req)
-            req.status = RequestStatus.FINISHED
-            req.finish_reason = reason
 
     def finish(self, req: Request, reason: FinishReason) -> None:
+        """End a request: out of the waiting queue if it is there, its memory freed (once no
+        step in flight uses it) if it was running."""
         was_running = req.status is RequestStatus.RUNNING
         if req.status is RequestStatus.WAITING and req in self.waiting:
-            # an n > 1 sibling that could not fork waits with its first token already
-            # sampled: when that token ends it, it must not be admitted again
+            # an abort, or an n > 1 sibling that could not fork ended by the first token it
+            # already sampled: either must not be admitted again
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

@@ -86,7 +86,7 @@ def test_keyed_rows_draw_the_samplers_tokens_from_q8_dpbf16s_logits(offsets, gro
     greedy row's the argmax; a keyed row keeps a screen's few candidates. The rows are
     scaled so that the logits spread as a real head's (std ~4): the draws are not the
     argmaxes."""
-    from swaserve.sampling import murmur
+    from swaserve.kernels import murmur
     from swaserve.sampling.sampler import Sampler
 
     n, k = 4096, 256
@@ -123,8 +123,7 @@ def test_a_keyed_rows_noise_bounds_hold_at_the_edge_of_every_range():
     at and around each power of two of h and of 2^32 - 1 - h (its ranges' edges), at the
     ends and at 200,000 random hashes, least <= murmur.py's g <= most, rising with h, and
     no range wider than 0.9 but the two ends (g under -2.4, g over 11)."""
-    from swaserve.kernels import build
-    from swaserve.sampling import murmur
+    from swaserve.kernels import build, murmur
 
     edges = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
     near = (torch.cat([edges, murmur.M32 - edges])[:, None] + torch.arange(-2, 3)[None, :])

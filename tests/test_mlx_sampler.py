@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import HYBRID, random_prompt, write_tiny_gemma3
 
+from swaserve.kernels import murmur
 from swaserve.mlx import available
-from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
 

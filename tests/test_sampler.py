@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from swaserve.kernels import murmur
 from swaserve.mlx import available as mlx_available
-from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
 

@@ -23,8 +23,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swaserve.kernels import murmur
 from swaserve.mlx import available as mlx_available
-from swaserve.sampling import murmur
 from swaserve.sampling.filtering import filter_sorted
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow

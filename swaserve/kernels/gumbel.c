@@ -2,7 +2,7 @@
  * which ids of a row could still win, so that only those get their exact score in float64.
  *
  * A keyed row's noise for id t is g_t = -log(max(-log u, 2^-32)), u = h_t / (2^32 - 1),
- * h_t the MurmurHash3 x86_32 of (seed_lo, seed_hi, position, t) (sampling/murmur.py: the
+ * h_t the MurmurHash3 x86_32 of (seed_lo, seed_hi, position, t) (kernels/murmur.py: the
  * row's state after the first three blocks is its `prefix`). Its token is the argmax of
  * x_t + g_t, x_t = float32(logits_t / temperature). Given a score the row already reaches
  * (`best`: its largest logit's x + g), id t can only reach it if g_t >= best - x_t =: d:

@@ -58,7 +58,7 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
                 const float *temp, const int64_t *prefix, int64_t cap, int32_t *cand,
                 int64_t *count, int threads);
 /* screen.c: a keyed row's noise bounds, least[r] <= g(h) <= most[r] for the hashes h of
-   range r (sampling/murmur.py's g; the ranges in screen.c); their number (32) */
+   range r (kernels/murmur.py's g; the ranges in screen.c); their number (32) */
 int head_screen_noise_ranges(float *least, float *most);
 /* screen.c: those bounds of n hashes as the screen reads them; -2 without its kernels */
 int head_screen_noise(const int64_t *hashes, int64_t n, float *least, float *most);

@@ -1,4 +1,4 @@
-/* The keyed sampling noise's hash (sampling/murmur.py): MurmurHash3 x86_32 of (seed_lo,
+/* The keyed sampling noise's hash (kernels/murmur.py): MurmurHash3 x86_32 of (seed_lo,
  * seed_hi, position, token id); a row's state after its first three blocks is its
  * `prefix`, so a token's hash is the last block and the finish. gumbel.c and screen.c. */
 #ifndef SWASERVE_MURMUR_H

@@ -29,9 +29,8 @@ import time
 
 import torch
 
-from swaserve.kernels import build, q8
+from swaserve.kernels import build, murmur, q8
 from swaserve.kernels.q8 import Q8Weight
-from swaserve.sampling import murmur
 
 log = logging.getLogger("swaserve")
 

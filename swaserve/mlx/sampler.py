@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from swaserve.kernels import murmur
 from swaserve.mlx import require
 from swaserve.mlx.cache import to_mx, to_torch
 from swaserve.mlx.step import StepGraph
-from swaserve.sampling import murmur
 from swaserve.sampling.filtering import BOUNDED_TOP_K, WIDE_TOP_K
 from swaserve.sampling.sampler import (
     Sampler,
@@ -50,7 +50,7 @@ def _block(h, k):
 
 
 def murmur_hash(prefix, tokens):
-    """sampling/murmur.py's `murmur_hash` in uint32 MLX ops: prefix [B] (the row state after
+    """kernels/murmur.py's `murmur_hash` in uint32 MLX ops: prefix [B] (the row state after
     seed and position), tokens [B, N] or [N] -> uint32 hashes [B, N], bit for bit."""
     mx = require()
     if tokens.ndim == 1:
@@ -63,7 +63,7 @@ def murmur_hash(prefix, tokens):
 
 def gumbel_from_hash(h):
     """Gumbel noise in float64 (call on a CPU stream): -log(max(-log u, 2^-32)),
-    u = h / (2^32 - 1), as sampling/murmur.py. MLX's float64 log is not always correctly
+    u = h / (2^32 - 1), as kernels/murmur.py. MLX's float64 log is not always correctly
     rounded (torch's is), so a value may differ from torch's in its last bit."""
     mx = require()
     u = h.astype(mx.float64) / float(murmur.M32)

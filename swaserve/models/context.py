@@ -101,7 +101,7 @@ class ForwardContext:
 class KeyedRows:
     """Logits rows whose token is the keyed Gumbel-max of their logits at a temperature, and
     nothing else of them is read (sampling/sampler.py `keyed_rows`): the token is
-    argmax_t float32(logit_t / temperature) + g(prefix, t), g from sampling/murmur.py."""
+    argmax_t float32(logit_t / temperature) + g(prefix, t), g from kernels/murmur.py."""
 
     rows: list[int]  # increasing
     temperature: torch.Tensor  # float32 [R], > 0

@@ -6,7 +6,7 @@ sorting (`_draw_nucleus`); the others, and rows it leaves, draw on `[B, K_max]` 
 (`ordered_top`: the first of (x descending, id ascending), ties at the cut included) when
 every one of them has top_k <= BOUNDED_TOP_K, else on WIDE_TOP_K candidates or the sorted
 vocabulary (`_draw_sorted`, `_draw_wide`). A row's noise is keyed by vocabulary id
-(murmur.py), so every path draws the same token.
+(kernels/murmur.py), so every path draws the same token.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from swaserve.kernels import gumbel
-from swaserve.sampling import murmur
+from swaserve.kernels import gumbel, murmur
 
 if TYPE_CHECKING:
     from swaserve.sampling.sampler import SamplingTensors

@@ -8,7 +8,7 @@ Greedy rows take the exact argmax and consume no randomness; a row that samples 
 seed draws one from the sampler's generator and is keyed like a seeded row. Temperature-only
 rows skip the sort and hash only the ids that can win. Filtering rows (top-k, top-p, min-p)
 draw in filtering.py; every path picks the same token for a keyed row because its noise is
-keyed by vocabulary id (murmur.py).
+keyed by vocabulary id (kernels/murmur.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swaserve.kernels import gumbel
+from swaserve.kernels import gumbel, murmur
 from swaserve.models.context import Argmaxes, KeyedRows, SplitLogits
-from swaserve.sampling import murmur
 from swaserve.sampling.filtering import BOUNDED_TOP_K, draw_filtered
 from swaserve.sampling.params import SamplingParams
 

@@ -4,6 +4,9 @@ The noise of token `t` at position `p` is a pure function of `(seed, p, t)`, key
 vocabulary id, so a seeded row draws the same token whatever its batchmates, the batch size
 or the candidate path. All arithmetic is on int64 tensors kept below 2**48 (multiplications
 are split in 16-bit halves), so it is exact on every device.
+
+The noise's one definition: the sampler (sampling/) and the kernels' Python side (screen.py)
+read it from here, and murmur.h is the same hash in C.
 """
 
 from __future__ import annotations

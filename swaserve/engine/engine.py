@@ -48,7 +48,7 @@ from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.backend import backend_for
-from swaserve.engine.faults import FaultInjector, KVLost
+from swaserve.engine.faults import FaultInjector
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
@@ -58,7 +58,7 @@ from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
-from swaserve.memory.kv_cache import KVCache
+from swaserve.memory.kv_cache import KVCache, KVLost
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler

@@ -17,12 +17,6 @@ class InjectedFault(RuntimeError):
     """The exception an armed stage raises."""
 
 
-class KVLost(RuntimeError):
-    """A step failed in a way that left the KV data unusable (device="mlx": an `mx.eval`
-    of the forward failed, and its lazy in-place KV writes cannot be rolled back). The
-    engine fails every request holding KV, empties the prefix cache and goes on."""
-
-
 @dataclass
 class FaultInjector:
     """`arm(stage, request_id)`: that stage raises whenever it handles that request."""

@@ -12,9 +12,10 @@ import logging
 
 import torch
 
-from swaserve.engine.faults import FaultInjector, KVLost
+from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
+from swaserve.memory.kv_cache import KVLost
 from swaserve.profile import timed
 from swaserve.sampling.grammar import mask_biases, mask_biases_along
 from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow

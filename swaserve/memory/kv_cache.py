@@ -21,6 +21,12 @@ from swaserve.memory.rows import RequestRows
 from swaserve.memory.window_pool import EMPTY, WindowPool
 
 
+class KVLost(RuntimeError):
+    """A step failed in a way that left the KV data unusable (device="mlx": an `mx.eval`
+    of the forward failed, and its lazy in-place KV writes cannot be rolled back). The
+    engine fails every request holding KV, empties the prefix cache and goes on."""
+
+
 class KVCache:
     def __init__(self, layout: CacheLayout, plan: MemoryPlan, max_model_len: int,
                  dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False,

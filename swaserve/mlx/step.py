@@ -8,7 +8,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from swaserve.engine.faults import KVLost
+from swaserve.memory.kv_cache import KVLost
 from swaserve.mlx import require
 
 

@@ -55,9 +55,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     args = ap.parse_args()
 
+    from swaserve.config import cache_root
     from swaserve.engine.engine import Engine
-    from swaserve.kernels import q8
+    from swaserve.kernels import build, q8
 
+    build.use_cache_dir(cache_root() / "kernels")  # q8 is asked before the engine loads
     if q8.amx_available() or q8.tile_kernel(64, int8=True) != "dpbusd":
         log("q8_dpbusd does not take q8_dpbf16's place on this CPU (AMX, or no AVX-512 "
             "VNNI and BF16): nothing to compare")

@@ -7,7 +7,12 @@ import os
 import pytest
 import torch
 
+from swaserve.config import cache_root
+from swaserve.kernels import build
+
 os.environ.setdefault("SWASERVE_NO_PROGRESS", "1")
+# tests call kernels before (or without) loading a model, which would give their directory
+build.use_cache_dir(cache_root() / "kernels")
 # bitwise comparisons must not see a thread count change halfway (engine/threads.py);
 # tests/test_threads.py drives the governor itself
 os.environ.setdefault("SWASERVE_FIXED_THREADS", "1")

@@ -11,10 +11,10 @@ from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelLoadError, ModelSource, resolve_model
 from swaserve.checkpoint.tokenizer import Tokenizer, load_tokenizer
 from swaserve.checkpoint.weights import load_q8_weights
-from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
+from swaserve.config import DTYPE_BYTES, EngineConfig, cache_root, parse_bytes
 from swaserve.distributed.group import TPGroup
 from swaserve.engine.runner import build_model
-from swaserve.kernels import q8
+from swaserve.kernels import build, q8
 from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan, plan_memory
 from swaserve.models.registry import model_class
@@ -34,7 +34,9 @@ class LoadedModel:
 def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
                tp: TPGroup | None = None) -> LoadedModel:
     """The model (one rank's shard of it under `tp`), its config (the whole model's: the
-    shard's shapes are `model.cfg`), tokenizer and context length."""
+    shard's shapes are `model.cfg`), tokenizer and context length. The kernels the model
+    calls build into the swaserve cache's kernels/."""
+    build.use_cache_dir(cache_root() / "kernels")
     source = resolve_model(config.model)
     cfg = source.model_config()
     model_class(cfg.architecture)  # unsupported architectures fail before any loading

@@ -1,7 +1,7 @@
 """Small C kernels, compiled on first use with the system's C compiler (-O3 -march=native,
-so they vectorise for the machine that runs them) into the swaserve cache, and loaded with
-ctypes. Without a compiler, or with SWASERVE_NO_KERNELS=1, `load` returns None and callers
-keep their torch path."""
+so they vectorise for the machine that runs them) into the directory `use_cache_dir` gives,
+and loaded with ctypes. Without a compiler, or with SWASERVE_NO_KERNELS=1, `load` returns
+None and callers keep their torch path."""
 
 from __future__ import annotations
 
@@ -17,16 +17,32 @@ import tempfile
 import threading
 from pathlib import Path
 
-from swaserve.config import cache_root
-
 log = logging.getLogger("swaserve")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _functions: dict[tuple[str, str], object] = {}
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(path: str | os.PathLike) -> None:
+    """Where this process's kernels are built and kept, given from above the kernels
+    (model loading: the swaserve cache's kernels/; tests and benchmarks that call a kernel
+    first). Given once: the same directory again changes nothing, another raises
+    ValueError, so every library a process loads comes from one place."""
+    global _cache_dir
+    path = Path(path)
+    with _lock:
+        if _cache_dir is not None and _cache_dir != path:
+            raise ValueError(f"kernel cache: already {_cache_dir}, not {path}")
+        _cache_dir = path
 
 
 def cache_dir() -> Path:
-    return cache_root() / "kernels"
+    """The directory `use_cache_dir` gave; RuntimeError before one is given."""
+    if _cache_dir is None:
+        raise RuntimeError("kernels: no cache directory: call kernels.build.use_cache_dir "
+                           "before the first kernel")
+    return _cache_dir
 
 
 _CTYPES = {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "float": ctypes.c_float}

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
           "tb": 1000**4, "tib": 1024**4}
@@ -44,6 +46,7 @@ def cache_root() -> Path:
 
 DTYPES = ("bfloat16", "float32", "float16")
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4, "float16": 2}
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "fp16": "float16",
                   "f16": "float16", "half": "float16", "float": "float32"}
 

@@ -247,7 +247,7 @@ def test_pending_bytes_are_the_copy_it_makes_and_the_planner_leaves_them_out(mon
     planner's `mem_fraction` budget comes out of free memory less that; once built, or
     after a failed build, nothing is pending."""
     from swaserve.config import EngineConfig
-    from swaserve.engine import loading
+    from swaserve.memory import planner
     from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 
     n, k = 1024, 128
@@ -258,9 +258,9 @@ def test_pending_bytes_are_the_copy_it_makes_and_the_planner_leaves_them_out(mon
     assert sum(t.numel() * t.element_size() for t in s._copy) == pending
     assert s.pending_bytes == 0
     layout = CacheLayout((LayerSpec(LayerKind.FULL, 1, 64),) * 2)
-    monkeypatch.setattr(loading, "_free_memory_bytes", lambda device: 1 << 30)
+    monkeypatch.setattr(planner, "_free_memory_bytes", lambda device: 1 << 30)
     config = EngineConfig(mem_fraction=0.5, prefix_cache=False)
-    plans = [loading.plan_kv(config, layout, 1024, torch.device("cpu"), False, reserved)
+    plans = [planner.plan_kv(config, layout, 1024, torch.device("cpu"), False, reserved)
              for reserved in (0, 168 << 20)]
     assert plans[0].budget_bytes == 1 << 29
     assert plans[1].budget_bytes == ((1 << 30) - (168 << 20)) // 2

@@ -70,12 +70,12 @@ def test_logits_and_greedy_match_transformers_past_two_windows(gguf_path, hf_mod
 def test_mem_fraction_leaves_out_what_the_model_allocates_later(monkeypatch):
     """The LM head screen's copy (168 MB, made at the first large greedy step) is not free
     memory for the KV pools: a `mem_fraction` plan takes its share of free memory less it."""
-    from swaserve.engine import loading
     from swaserve.engine.engine import Engine
     from swaserve.kernels import screen
+    from swaserve.memory import planner
 
     free = 2 << 30
-    monkeypatch.setattr(loading, "_free_memory_bytes", lambda device: free)
+    monkeypatch.setattr(planner, "_free_memory_bytes", lambda device: free)
     eng = Engine(mem_fraction=0.25, max_running_requests=4)
     pending = eng.model.pending_bytes
     if screen.available():

@@ -16,9 +16,9 @@ from conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
 from conftest import run_logging_logits as _run
 from test_model_families import gpt_oss, llama  # noqa: F401 - fixtures
 
+from swaserve.checkpoint.shard import local_config
 from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
-from swaserve.distributed.shard import local_config
 from swaserve.engine.engine import Engine
 from swaserve.sampling.params import SamplingParams
 

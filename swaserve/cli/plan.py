@@ -28,8 +28,8 @@ def register(sub) -> None:
 def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0.8) -> dict:
     """Capacity of `config.kv_memory` for `config.model` under the three accountings; with
     tensor_parallel_size > 1 the budget and the bytes are one rank's (its KV heads)."""
+    from swaserve.checkpoint.shard import local_config
     from swaserve.checkpoint.source import resolve_model
-    from swaserve.distributed.shard import local_config
 
     if config.kv_memory is None:
         raise ValueError("kv_memory: plan needs a budget, e.g. --kv-memory 4GiB")

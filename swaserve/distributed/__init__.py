@@ -1,1 +1,2 @@
-"""Past one process: tensor parallelism on torch.distributed (group.py, shard.py, workers.py)."""
+"""Past one process: tensor parallelism on torch.distributed (group.py, workers.py; the
+slices of the checkpoint a rank holds are checkpoint/shard.py)."""

@@ -94,11 +94,6 @@ class TPGroup:
             dist.destroy_process_group()
 
 
-def vocab_shard(vocab_size: int, size: int) -> int:
-    """Rows of the embedding and LM head on each rank (the last is padded with zeros)."""
-    return -(-vocab_size // size)
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where a group's ranks run, as seen by this process: its rank, the ranks it starts

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from swaserve.config import EngineConfig
+from swaserve.config import TORCH_DTYPES, EngineConfig
 from swaserve.distributed.group import Placement, TPGroup, placement
 from swaserve.models.context import ForwardContext
 
@@ -143,10 +143,9 @@ def run_compute_node(config: EngineConfig) -> int:
 def worker_main(rank: int, size: int, config: EngineConfig, address: str, port: int) -> None:
     """Rank `rank`: load the shard, build the KV shard from rank 0's plan, run the steps."""
     from swaserve.checkpoint.source import resolve_model
-    from swaserve.engine.loading import load_model
-    from swaserve.engine.runner import TORCH_DTYPES
     from swaserve.memory.kv_cache import KVCache
     from swaserve.models.attention import SDPABackend
+    from swaserve.models.loading import load_model
 
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

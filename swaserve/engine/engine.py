@@ -42,24 +42,25 @@ from dataclasses import dataclass
 import torch
 
 from swaserve import profile
+from swaserve.checkpoint.shard import local_config
 from swaserve.checkpoint.source import resolve_model
-from swaserve.config import EngineConfig
+from swaserve.config import TORCH_DTYPES, EngineConfig
 from swaserve.distributed.group import GroupBroken
-from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.backend import backend_for
 from swaserve.engine.faults import FaultInjector
-from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
 from swaserve.engine.request import FinishReason, Request, RequestError
-from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
+from swaserve.engine.runner import ModelRunner
 from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache, KVLost
+from swaserve.memory.planner import plan_kv
 from swaserve.models.context import PromptScore
+from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams

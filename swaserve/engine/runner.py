@@ -1,5 +1,5 @@
 """ModelRunner: turns a Batch into a ForwardContext over the KV cache and runs the model
-(`build_model` builds the model from a checkpoint; the engine builds the cache).
+(models/loading.py builds the model from a checkpoint; the engine builds the cache).
 
 Masks come from positions: for full layers from each request's length, for sliding layers
 from the positions the ring slots record (so a wrapped ring needs no special case). Where
@@ -14,10 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swaserve.checkpoint.config import ModelConfig
-from swaserve.checkpoint.source import ModelSource
-from swaserve.checkpoint.weights import iter_weights
-from swaserve.distributed.group import GroupBroken, TPGroup
-from swaserve.distributed.shard import local_config, sharded_weights
+from swaserve.distributed.group import GroupBroken
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.kernels import q8
@@ -25,41 +22,15 @@ from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
 from swaserve.models.context import AttnGroup, ForwardContext, KeyView, PromptScore
-from swaserve.models.registry import model_class
 from swaserve.profile import timed
 
 log = logging.getLogger("swaserve")
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # batch-invariant mode: matmul row blocks, and the least key width of a decode row (torch's
 # CPU flash attention splits keys in blocks of 512 from 512 keys on, of the whole width
 # below, so a row padded past 512 in a batch would otherwise be summed differently)
 INVARIANT_ROW_BLOCK = 32
 INVARIANT_MIN_KEYS = 512
-
-
-def build_model(source: ModelSource, cfg: ModelConfig, dtype: torch.dtype,
-                device: torch.device, tp: TPGroup | None = None) -> torch.nn.Module:
-    """Build on the meta device, then fill the parameters from the checkpoint; under tensor
-    parallelism at this rank's shapes, from this rank's slices (distributed/shard.py)."""
-    cls = model_class(cfg.architecture)
-    with torch.device("meta"):
-        model = cls(cfg if tp is None else local_config(cfg, tp.size))
-    for module in model.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            if not name.endswith("norm"):  # norm multipliers stay float32
-                setattr(module, name, torch.nn.Parameter(
-                    torch.empty_like(p, dtype=dtype), requires_grad=False))
-            else:
-                p.requires_grad_(False)
-    model.to_empty(device=device)
-    if tp is None:
-        model.load_weights(iter_weights(source, dtype))
-    else:
-        model.load_weights(sharded_weights(source, dtype, cfg, tp.rank, tp.size,
-                                           cls.dense_weights))
-        model.set_tensor_parallel(tp)
-    return model.eval()
 
 
 @dataclass

@@ -6,15 +6,20 @@ Ring accounting charges what windowed storage really uses:
 Full-pool tokens = (budget - rows * fixed) / per-token bytes, rounded down to whole pages.
 `compare_accounting` puts this beside token-scaled accounting (sliding layers charged per
 token, as engines that pool SWA KV by token do) and full-history storage (no windowing).
+`plan_kv` is the budget an engine's config asks for, planned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
 from swaserve.memory.layout import CacheLayout, LayerKind
 
 MAX_DEFAULT_ROWS = 256
+DEFAULT_KV_MEMORY = 1024**3
 
 
 @dataclass(frozen=True)
@@ -160,3 +165,38 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
     fh_acc = Accounting("full_history", fh_bpt, 0, fh_tokens, bound(fh_tokens // ctx_tokens),
                         ctx_tokens * fh_bpt)
     return {"ring": ring_acc, "token_scaled": ts_acc, "full_history": fh_acc}
+
+
+def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
+            device: torch.device, prefix_cache: bool, pending_bytes: int = 0) -> MemoryPlan:
+    """Pool sizes for the KV budget: `kv_memory`, else `mem_fraction` of free memory (less
+    `pending_bytes`, what the model will still allocate: `CausalLM.pending_bytes`), else
+    1 GiB; the prefix cache's window pages take `window_cache_memory` (a fifth) of it."""
+    budget = config.kv_memory_bytes
+    if budget is None and config.mem_fraction is not None:
+        free = max(_free_memory_bytes(device) - pending_bytes, 0)
+        budget = int(free * config.mem_fraction)
+    budget = budget or DEFAULT_KV_MEMORY
+    window_cache = 0
+    if prefix_cache and layout.sliding_layers:
+        window_cache = (parse_bytes(config.window_cache_memory) if config.window_cache_memory
+                        else budget // 5)
+    return plan_memory(layout, budget, DTYPE_BYTES[config.dtype],
+                       chunk_size=config.step_tokens, page_size=config.page_size,
+                       max_model_len=max_model_len,
+                       max_running_requests=config.max_running_requests,
+                       window_cache_bytes=window_cache)
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return DEFAULT_KV_MEMORY

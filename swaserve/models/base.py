@@ -127,11 +127,11 @@ class CausalLM(nn.Module):
     def dense_weights(weights: Iterable[tuple[str, torch.Tensor]]
                       ) -> Iterable[tuple[str, torch.Tensor]]:
         """The checkpoint's tensors as plain dense ones (a family with packed formats
-        unpacks them here), for slicing by name (distributed/shard.py)."""
+        unpacks them here), for slicing by name (checkpoint/shard.py)."""
         return weights
 
     def set_tensor_parallel(self, group) -> None:
-        """Make this model (built at one rank's shapes, distributed/shard.py) rank
+        """Make this model (built at one rank's shapes, checkpoint/shard.py) rank
         `group.rank`'s shard: embedding lookups and row-parallel products are summed over
         the group, the LM head's logits gathered on rank 0. The fused C decode step reads
         whole layers: it is off."""

@@ -28,7 +28,11 @@ import torch
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
-from swaserve.distributed.group import vocab_shard
+
+
+def vocab_shard(vocab_size: int, size: int) -> int:
+    """Rows of the embedding and LM head on each rank (the last is padded with zeros)."""
+    return -(-vocab_size // size)
 
 
 def local_config(cfg: ModelConfig, size: int) -> ModelConfig:

@@ -1,16 +1,12 @@
 """swaserve on Ray Serve: engine replicas behind one endpoint with prefix-affinity routing
-(app.py, router.py, routing.py). `build_app(config, num_replicas=N)` for `serve.run`;
-`app` is the builder for `serve run swaserve.ray:app key=value ...`. Needs `ray[serve]`,
-imported only when one of them is used."""
+(app.py, router.py, routing.py). `build_app(config, num_replicas=N)` for `serve.run`; the
+builder for Ray's own CLI, `serve run swaserve.cli.serve:ray_app key=value ...`, is the
+command line's (cli/serve.py). Needs `ray[serve]`, imported only when `build_app` is used."""
 
 from __future__ import annotations
 
 
 def __getattr__(name: str):
-    if name == "app":
-        from swaserve.ray.launch import app
-
-        return app
     if name == "build_app":
         from swaserve.ray.app import build_app
 

@@ -1,6 +1,7 @@
-"""Starting the Ray Serve application: `swaserve serve --data-parallel-size N` (a local Ray
-instance on this machine, or `--ray-address` to join a cluster) and `serve run
-swaserve.ray:app key=value ...` (Ray's own CLI, with `swaserve serve`'s flags as keys)."""
+"""Starting the Ray Serve application for `swaserve serve --data-parallel-size N` (a local
+Ray instance on this machine, or `--ray-address` to join a cluster); `serve run
+swaserve.cli.serve:ray_app key=value ...` (Ray's own CLI) builds the same application from
+`swaserve serve`'s flags in cli/serve.py."""
 
 from __future__ import annotations
 
@@ -87,25 +88,3 @@ def _stop_signals():
         for s, h in old.items():
             signal.signal(s, h)
 
-
-def app(args: dict[str, str]):
-    """The application builder for `serve run swaserve.ray:app model=PATH
-    data_parallel_size=2 routing=prefix ...`: keys are `swaserve serve`'s flags (with
-    underscores), values as on its command line ("true"/"false" for switches)."""
-    from swaserve.cli import build_parser
-    from swaserve.cli.args import engine_config
-    from swaserve.cli.serve import server_options
-    from swaserve.ray.app import build_app
-
-    argv = ["serve"]
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if str(value).lower() in ("true", "false"):
-            argv.append(flag if str(value).lower() == "true" else "--no-" + flag[2:])
-        else:
-            argv += [flag, str(value)]
-    ns = build_parser().parse_args(argv)
-    config = engine_config(ns)
-    return build_app(config, server_options(ns), ns.data_parallel_size, ns.routing,
-                     ns.replica_cpus or default_replica_cpus(config, ns.data_parallel_size),
-                     name=APP_NAME)

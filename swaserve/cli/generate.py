@@ -20,7 +20,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swaserve import LLM
+    from swaserve.entrypoints.llm import LLM
 
     params = sampling_params(args)
     llm = LLM(**dataclasses.asdict(engine_config(args)))

@@ -270,8 +270,8 @@ static int nucleus_floor(const float *x, int64_t vocab, float t, int64_t top_k, 
     const int by_k = top_k < vocab, by_p = top_p < 1.0f;
     if (!by_k && !by_p) return 0;
     /* z: every id's e; the buckets' masses and ids down to NEAR_BUCKETS first (at
-     * temperature 1 the real model's nucleus at top-p .95 ends ~11 under the max: ~7,000
-     * ids a row where the whole span holds ~250,000), the rest when a walk gets there */
+     * temperature 1 a real model's nucleus at top-p .95 ends within them, a small part of
+     * the span's ids), the rest when a walk gets there */
     double mass[SPAN_BUCKETS] = {0};
     int64_t ids[SPAN_BUCKETS] = {0};
     double z = add_masses(x, vocab, t, m, 0, NEAR_BUCKETS, mass, ids, !by_k);

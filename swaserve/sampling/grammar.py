@@ -144,7 +144,7 @@ class GrammarCompiler:
         return True
 
     def _ll(self, param: str):
-        """The llguidance token table, built on first use (~3 s for a 262k vocabulary)."""
+        """The llguidance token table, built on first use (seconds for a 262k vocabulary)."""
         try:
             import llguidance
         except ImportError:

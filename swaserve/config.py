@@ -92,24 +92,27 @@ class EngineConfig:
                 "fixed positions, no prefix cache (slower prefill)"})
     int8_weights: bool = field(default=True, metadata={
         "help": "decode batches multiply the GGUF's quantized weights as int8 blocks, half "
-                "the bytes of bf16: up to 6 rows the exact weights (AVX-512 VNNI), up to 32 "
-                "their bf16 values (AMX); bf16 on a CPU with a C compiler. device mlx: Q8_0, Q5_0 "
-                "and Q4_K weights through MLX's quantized matmul, exactly (not in float32)"})
+                "the bytes of bf16: few rows on the exact weights (AVX-512 VNNI), more on their "
+                "bf16 values (AMX tiles, or AVX-512 BF16 without AMX); on a CPU with a C "
+                "compiler, in bf16 or float16, without batch_invariant or tensor parallelism. "
+                "device mlx: Q8_0, Q5_0 and Q4_K weights through MLX's quantized matmul, "
+                "exactly (not in float32)"})
     head_screen: bool = field(default=True, metadata={
         "help": "with int8 weights on a CPU with AVX-512 VNNI and BF16 and no AMX, greedy "
                 "rows and rows sampled by a temperature alone take the LM head's tokens from "
-                "an int8 screen of it and their few candidates' exact sums: the same tokens, "
-                "the head ~1.4-1.7x faster from 9 rows on; its copy of the head (its int8 "
-                "size) is made at the first such step"})
+                "an int8 screen of it and their few candidates' exact sums: the same tokens "
+                "with fewer of the head's products, from 9 rows on; its copy of the head (its "
+                "int8 size) is made at the first such step"})
     int8_activations: bool = field(default=False, metadata={
         "help": "with int8 weights on a CPU with AVX-512 VNNI and BF16 and no AMX, the "
                 "layers' products that would take bf16 activations (decode steps past 8 rows, "
-                "prompt chunks) take them as int8 with a scale per 32 (VPDPBUSD): ~1.3x "
-                "faster products, each ~5x further from exact than with bf16 activations"})
+                "prompt chunks) take them as int8 with a scale per 32 (VPDPBUSD): faster "
+                "products, further from exact than with bf16 activations, so greedy text "
+                "parts from the default path more often; for throughput over fidelity"})
     overlap: bool | None = field(default=None, metadata={
         "help": "schedule and prepare the next step while the current one computes (default: "
-                "on a GPU; off on a CPU, whose cores the forward keeps busy: a step there took "
-                "4-9 percent longer with it)"})
+                "on a GPU; off on a CPU, whose cores the forward keeps busy, so the work "
+                "beside it only takes a core from the forward's threads)"})
     speculative: str | None = field(default=None, metadata={
         "help": "speculative decoding: 'ngram' drafts the continuation of the last n tokens' "
                 "latest earlier occurrence in the request's prompt and output, verified in one "

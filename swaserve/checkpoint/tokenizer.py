@@ -1,5 +1,6 @@
 """Tokenizers: tokenizer.json via the `tokenizers` library, or converted once from GGUF
-metadata (transformers' GGUF conversion, ~12-25 s) and cached as tokenizer.json."""
+metadata (transformers' GGUF conversion, slow enough to do once) and cached as
+tokenizer.json."""
 
 from __future__ import annotations
 

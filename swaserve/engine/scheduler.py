@@ -241,9 +241,9 @@ class Scheduler:
                     max_decode_rows: Callable[[int], int] | None) -> None:
         """Give the decode seqs of a step without prompt chunks their drafts, best first, as
         far as the token budget, the row bound and the free pages go (a draft never retracts
-        a request or evicts a cached prefix). Beside a prompt chunk, rows that drafts add were
-        measured to cost more than they bring at batch 32 (their cost is the prompt's step,
-        which the cost gate cannot see); so drafts stay out of those steps."""
+        a request or evicts a cached prefix). Beside a prompt chunk, rows that drafts add cost
+        more than they bring (their cost is the prompt's step, which the cost gate cannot
+        see); so drafts stay out of those steps."""
         decodes = {s.request.request_id: s for s in batch.seqs if s.num_tokens == 1}
         if max_decode_rows is not None:
             budget = min(budget, max_decode_rows(len(decodes)) - len(decodes))

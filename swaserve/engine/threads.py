@@ -1,77 +1,46 @@
 """ThreadGovernor: fewer compute threads while another process holds a core, all of them
 again once it is gone.
 
-A step's kernels split their work over all the threads and wait for the slowest; when
-another process takes one of the cores, the thread on it is descheduled for whole time
-slices and every parallel region waits for it (measured here, batch-1 decode beside one
-busy process: 132 ms a step with 2 threads against 31 with 1, and 17 quiet). Being
-preempted shows as involuntary context switches: quiet, a decode step sees 0-1; beside a
-busy process, 14-30, about 100 a second. A long quiet step sees a few too (a 150 ms
-prefill step 3-7, some 40 a second), so both count: after each step the governor reads the
-process's count (getrusage), and when over the last WINDOW steps the median is
-DROP_SWITCHES or more a step and DROP_RATE or more a second, and the BASELINE steps before
-(below) all came since the machine last looked quiet, it takes one thread away.
+A step's kernels split their work over all the threads and wait for the slowest, so when
+another process takes one of the cores every parallel region waits for the thread that is
+descheduled there, and a step costs many times what it costs with one thread fewer. The
+governor watches two signals and drops one thread when both say a core is taken:
 
-That only pays when the other process really holds the core (a busy loop: 132 ms a step
-before, 31 after); a process that takes part of one (the benchmark's HTTP client on the
-same two cores) slows the fewer threads more than it slowed all of them. So the drop is a
-trial: after WINDOW steps with fewer threads, if a token costs no less than KEEP_GAIN of
-what it cost over the BASELINE steps before, every thread comes back and no drop is tried
-for a back-off (BACKOFF_S, doubled after each failed trial up to BACKOFF_MAX_S). A token's
-cost is compared between steps of one kind (decode steps, one token a row, or steps with
-prompt tokens, which cost far less a token), over all their time, stalls included: beside
-a busy loop two threads' batch-1 steps took 17 ms, or 60-200 ms when the peer was
-descheduled, and a median of per-token costs over a window that held a 64-token prompt
-step said 8 ms, so one thread's steady 20 ms looked slower and the drop was undone. The
-stalls come every ~10 steps, hence a baseline longer than the window, and one without
-quiet steps from before the other work started: against those one thread's 20 ms looked
-slow too. When the steps on trial hold too few of a kind that came before (SAME_KIND),
-the trial runs on, up to TRIAL_MAX steps, then every thread comes back.
+- Involuntary context switches (getrusage), read after each step: over the last WINDOW
+  steps the median is DROP_SWITCHES or more a step and DROP_RATE or more a second (a long
+  quiet step sees a few too, hence both).
+- How the cores this process may run on spent their time (/proc/stat, every CHECK_S):
+  other processes' busy time (steal included, this process's CPU time taken out) must be
+  TAKEN_SHARE of a core past those already given up, over the last SPAN intervals spent
+  at least STEPPING_SHARE in steps. Switches alone cannot tell a busy loop from a light
+  neighbour that wakes often (an HTTP client streaming tokens), for which a drop only
+  slows the fewer threads more. Where the counters cannot be read, switches decide alone.
 
-A drop need not wait for the BASELINE steps when the last WINDOW decode steps of one
-batch size, switched out DROP_SWITCHES times a step on average, already cost more than
-the threads left could take at the machine's quiet pace: a token of those rows cost q
-quiet with every thread (the last quiet step of that many rows), so with one thread fewer
-it costs at most q x all threads / (threads - 1) if the remaining threads run unhindered; a
-window costing FAST_COST (1 / KEEP_GAIN) times that or more drops a thread at once, judged
-as any drop. Beside a busy loop two threads' batch-1 steps took 19-27 ms with a 120-350
-ms stall every 6-8 (12 quiet, 22 with one thread), and waiting for 16 of them cost ~0.6 s
-of a 32-token request.
+A drop is a trial: after WINDOW steps with fewer threads, a token must cost less than
+KEEP_GAIN of what it cost over the BASELINE steps before (steps of one kind compared,
+decode or prompt, stalls included, none from before the machine last looked quiet), or
+every thread comes back and no drop is tried for BACKOFF_S, doubled after each failed
+trial up to BACKOFF_MAX_S. When the trial holds too few steps of a kind seen before
+(SAME_KIND), it runs on for up to TRIAL_MAX steps. A drop need not wait for BASELINE steps
+when the last WINDOW decode steps of one batch size, switched out DROP_SWITCHES times a
+step, already cost FAST_COST times what one thread fewer would at that batch's quiet pace.
+With fewer threads, once the cores given up sit FREE_SHARE idle the other process is gone
+and every thread comes back.
 
-Switches alone do not say how much of a core the other work takes: a server's own
-HTTP client on the same two cores (20 % of a core, waking for every streamed token)
-switched the compute threads out 4-9 times a 29 ms step of 32 rows, as often as a busy
-loop does, and every drop tried there (12 in 40 s) was undone, at 1-3 % of the serving
-rate. So every CHECK_S seconds the governor also reads how the cores this process may run
-on spent the time (/proc/stat): idle, and busy for other processes (their busy time, a
-hypervisor's steal included, less this process's CPU time). A drop needs the other work
-to take TAKEN_SHARE of a core beyond those already given up, over the last SPAN intervals
-(a busy loop measured 0.84-1.0; one 0.1 s interval alone said 0.23 once); where the
-counters cannot be read, the switches decide alone. Only an interval spent in steps
-(STEPPING_SHARE of it) counts: while the engine waited for requests, the client starting
-up took 0.93 of a core and 0.92 idled. With fewer threads, the cores it left free idle
-once the other process is gone, and it gives all the threads back.
-
-Steps after a wait need not find out again: a request that arrives beside a busy loop
-ran its 64-token prompt step with two threads in 165-280 ms (25 quiet, ~50 with one), a
-quarter of a 32-token request's time, before any decode step could show the stalls. So
-before the first step after the engine waited IDLE_JUDGE_S or more, the governor reads
-the cores: where other work took IDLE_TAKEN_SHARE of a core past those given up over the
-wait (the engine's own CPU time is not in it; a busy loop 0.95), that step and the ones
-after run with a thread fewer. Nothing judged this drop, and the HTTP client starting up
-took 0.93 of a core too, so it stands only while the steps' readings still show the other
-work taking TAKEN_SHARE of the cores given up (a busy loop beside one thread: ~1.0, the
-client once started 0.2). A shorter wait says little: between a client's requests, its
-own work fills the gap. The same judgement gives the threads back: where the other work
-took less than TAKEN_SHARE of the cores given up over such a wait, they come back before
-the step, drop presumed or measured. Requests whose steps never fill a reading's interval
-(a prompt and a few tokens, ~0.1 s) would otherwise keep a drop that no reading can undo.
+A wait for requests is judged too, so that the first step after it need not find a busy
+core out again: before the first step after a wait of IDLE_JUDGE_S or more, where other
+work took IDLE_TAKEN_SHARE of a core past those given up over the wait, the step runs with
+a thread fewer. That drop is presumed (nothing judged it) and stands only while the steps'
+readings keep showing the other work at TAKEN_SHARE; where the other work took less than
+that over the wait, the threads come back before the step, so that requests too short to
+fill a reading's interval do not keep a drop no reading can undo.
 
 Per-row kernels (norms, GeGLU, the int8 products) give the same bits with any number of
 threads; batch-invariant mode, which promises the same bits whatever happens, runs without
 the governor, as do overlap scheduling (the count would change under a running forward)
 and a process with SWASERVE_FIXED_THREADS=1 in its environment (the test suite, whose
-bitwise comparisons run on a busy machine).
+bitwise comparisons run on a busy machine). benchmarks/shared_cpu.py measures what it
+keeps beside a busy process.
 
 `release_openmp_workers` ends the calling thread's OpenMP team: the thread that builds an
 engine and hands it to another thread to step (the server) calls it, so that the stepping
@@ -253,7 +222,7 @@ class ThreadGovernor:
     def _stalled(self) -> bool:
         """The last WINDOW decode steps of this step's rows (prompt steps between them
         aside) were switched out DROP_SWITCHES times a step and DROP_RATE a second on
-        average (one stall of 150 ms and 14 switches between steps of 1-3: the median of
+        average (the mean sees one long stall between short steps, where the median of
         `_core_taken` waits for more), and a token of them cost at least FAST_COST x what
         one thread fewer would at the quiet pace (module docstring)."""
         last = self._recent[-1]
@@ -367,8 +336,7 @@ def release_openmp_workers() -> bool:
     no more threads than there are cores; past that they sleep and every region starts
     with a futex wake. A server builds the engine on the main thread (loading runs
     parallel regions there) and steps it on another: the main thread's idle team put the
-    count past the cores, and a batch-1 step took 17.2 ms instead of 14.9 (~70 regions a
-    step). So the thread that hands the engine to a stepping thread calls this first.
+    count past the cores, and each of a step's tens of regions paid a wake. So the thread that hands the engine to a stepping thread calls this first.
     Only the calling thread's team goes (libgomp's `omp_pause_resource_all`), and a later
     region there would build a new one."""
     lib = _gnu_openmp()

@@ -6,8 +6,8 @@
  *   s_j = scale * q . k_j,  p_j = exp(s_j - max) / (sum_j exp(s_j - max) [+ exp(sink - max)])
  *   out = bf16(sum_j p_j v_j)
  * all in float32 from the bf16 values. torch's SDPA first gathers the keys of every
- * sequence into a padded copy and runs a blocked kernel sized for long queries: ~1 ms a
- * layer at 32 sequences of 200 keys, against the ~0.2 ms it takes to read them. The softmax
+ * sequence into a padded copy and runs a blocked kernel sized for long queries, several
+ * times what reading the keys in place takes for one query a sequence. The softmax
  * here is exact (two passes over the scores, no online rescaling), so a row's result
  * depends on its own keys only: never on the batch, the padding or the other rows.
  */
@@ -218,8 +218,8 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
 
 /* Prompt attention on bf16 (AVX-512 BF16): many queries of one sequence over its keys.
  *
- * torch's CPU flash kernel runs a causal layer of 512 tokens (4 query heads on 1 key/value
- * head, dim 256) at ~0.09 TFLOP/s on AMD Zen 5 (~6 ms). Here the keys and values are
+ * Without AMX, torch's CPU flash kernel runs such a layer far below VDPBF16PS's rate
+ * (it is built for AMX tiles or float32 FMAs). Here the keys and values are
  * first laid out in VDPBF16PS's pair order (a key block's 16 keys as the lanes and the
  * dims in pairs, for q . k; the values' 16 dims as the lanes and the keys in pairs, for
  * p . v), then a tile of up to PA_ROWS (query, head) rows of one key/value head runs over

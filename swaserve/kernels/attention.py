@@ -63,10 +63,8 @@ def prefill_available() -> bool:
 @functools.cache
 def prefill_preferred() -> bool:
     """The engine's bf16 prompt chunks take the kernel: it runs here, and the CPU has no
-    AMX, where torch's SDPA (bf16 flash on AMX tiles) is faster. One layer (4 query heads
-    on 1 key/value head, dim 256), 2 threads, kernel against SDPA: Xeon with AMX, 512
-    queries causal 2.81 against 0.72 ms, 2,048 banded 19.5 against 12.5; AMD Zen 5 (no
-    AMX) 1.03 against 6.23 and 7.47 against 94.1."""
+    AMX, where torch's SDPA (bf16 flash on AMX tiles) is faster; without AMX the kernel
+    is several times faster than SDPA, whose bf16 flash is not built for AVX-512 BF16."""
     from swaserve.kernels.q8 import amx_available
 
     return prefill_available() and not amx_available()

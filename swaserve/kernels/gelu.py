@@ -1,6 +1,6 @@
 """Gemma's MLP activation, gelu_tanh(gate) * up, on bf16 rows in one C call (`gelu.c`):
-torch's GELU and multiply read and write three bf16 tensors and spend ~10 % of a prefill
-chunk."""
+torch's GELU and multiply read and write three bf16 tensors, a large part of a prefill
+chunk's elementwise work."""
 
 from __future__ import annotations
 

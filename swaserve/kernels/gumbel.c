@@ -8,9 +8,9 @@
  * (`best`: its largest logit's x + g), id t can only reach it if g_t >= best - x_t =: d:
  * never past NOISE_MAX (22.18, the clamp), and past GUMBEL_LOW only if h_t is at least
  * GUMBEL_HIGH_HASH (u >= exp(-e^-LOW), less a margin). So an id is a candidate when d is
- * at most LOW, or at most NOISE_MAX with such a hash: on the real model's logits at
- * temperature 1 a row keeps ~30 of the ~25,000 ids the bound alone keeps (hashed in torch,
- * ~1.8 ms a row), and every id that could win. A logit far below the band is passed over
+ * at most LOW, or at most NOISE_MAX with such a hash: a few dozen ids a row at
+ * temperature 1 where the bound alone keeps tens of thousands, and every id that could
+ * win. A logit far below the band is passed over
  * with one comparison. The exact scores stay with the caller (the same torch arithmetic
  * as hashing every id). Rows split over the threads, each its own slice of the output.
  *
@@ -270,8 +270,8 @@ static int nucleus_floor(const float *x, int64_t vocab, float t, int64_t top_k, 
     const int by_k = top_k < vocab, by_p = top_p < 1.0f;
     if (!by_k && !by_p) return 0;
     /* z: every id's e; the buckets' masses and ids down to NEAR_BUCKETS first (at
-     * temperature 1 the real model's nucleus at top-p .95 ends ~11 under the max: ~7,000
-     * ids a row where the whole span holds ~250,000), the rest when a walk gets there */
+     * temperature 1 a real model's nucleus at top-p .95 ends within them, a small part of
+     * the span's ids), the rest when a walk gets there */
     double mass[SPAN_BUCKETS] = {0};
     int64_t ids[SPAN_BUCKETS] = {0};
     double z = add_masses(x, vocab, t, m, 0, NEAR_BUCKETS, mass, ids, !by_k);

@@ -1,6 +1,6 @@
 """The ids of keyed sampling rows that could win their Gumbel-max, from one C pass over the
-logits (`gumbel.c`): the bound alone leaves ~25,000 ids a row at temperature 1 to hash in
-torch, the hash in C leaves tens. Filtering rows (top-k, top-p, min-p) the same from their
+logits (`gumbel.c`): the bound alone leaves tens of thousands of ids a row at temperature 1
+to hash in torch, the hash in C leaves tens. Filtering rows (top-k, top-p, min-p) the same from their
 kept sets, found without sorting the vocabulary."""
 
 from __future__ import annotations

@@ -29,8 +29,8 @@
 
 /* norm.c, gelu.c: a call splits its rows over the threads from this many values on (a
    prompt chunk). Rows are independent: one row's arithmetic is the same whoever computes
-   it. Decode steps stay on one thread: at 4,096 a 32-row step's q/k norm + RoPE took half
-   the time, but the step as a whole was no faster (benchmarks/README.md, session 13). */
+   it. Decode steps stay on one thread: splitting a decode step's small calls makes those
+   calls faster but not the step, whose time is in the products. */
 #define ROWS_PARALLEL_MIN 65536
 
 /* norm.c: the row buffers */

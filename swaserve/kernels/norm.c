@@ -6,8 +6,8 @@
  *                      rotated by RoPE (rotate-half layout)
  * Each rounds to bf16 wherever torch's bf16 ops would (after the norm, after each product
  * and after the sum of the rotation), so the results are the torch path's bits. torch
- * spends ~8 ops on a norm and ~6 on a rotation, ~10-60 us each at decode sizes, and a
- * Gemma layer has six norms and two rotations: three calls here instead.
+ * spends several ops on a norm and on a rotation, each a pass over memory and a dispatch,
+ * and a Gemma layer has six norms and two rotations: three calls here instead.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,10 +20,10 @@ static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define NORM_SIMD 1
-/* The loops below, 16 values at a time (the compiler's own vectorizing kept 8 a vector
- * and narrowed to bf16 in ~8 integer operations; here it is one instruction with AVX-512
- * BF16, which like the other kernels' flushes denormals to zero: prompt steps spent ~22 %
- * of their time in these kernels). Each value goes through the same operations in the
+/* The loops below, 16 values at a time (the compiler's own vectorizing keeps 8 a vector
+ * and narrows to bf16 in several integer operations; here it is one instruction with
+ * AVX-512 BF16, which like the other kernels' flushes denormals to zero: prompt steps
+ * spend a large share of their time in these kernels). Each value goes through the same operations in the
  * same order as in the portable loops, so the same bits, but for the sum of squares,
  * which adds in 16 lanes. */
 #include "simd.h"

@@ -24,8 +24,8 @@
 /* Threads: OpenMP, the runtime torch's CPU build uses, so the kernels run on torch's own
  * worker threads (compiled with -fopenmp, this library links the libgomp torch has
  * already loaded). A pool of our own threads, woken per call, fought those workers, which
- * spin for a while after each torch op, for the cores: the LM head took 21-29 ms in an
- * engine step against 14 ms alone. Without OpenMP the jobs run one after another. */
+ * spin for a while after each torch op, for the cores, and slowed the products in an
+ * engine step well past their time alone. Without OpenMP the jobs run one after another. */
 #define MAX_THREADS 64
 #define JOBS_PER_THREAD 8 /* q8_amx: a thread that loses its core leaves its jobs to others */
 typedef void *(*task_t)(void *);
@@ -265,8 +265,8 @@ static inline __attribute__((always_inline)) void vnni_block(vnni_job_t *j, int6
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nkb; kb++) {
         const int8_t *blk = pq + kb * bsize;
-        /* the block 8 ahead (the hardware's own prefetch leaves a 1-row product waiting on
-         * memory: the LM head took 13.4 ms for 168 MB, 6.9-9 ms with these) */
+        /* the block 8 ahead: the hardware's own prefetch leaves a 1-row product waiting on
+         * memory, where these keep the weights streaming near the read bandwidth */
         for (int l = 0; l < bsize / 64; l++)
             _mm_prefetch((const char *)blk + 8 * bsize + l * 64, _MM_HINT_T0);
         for (int h = 0; h < G; h++) {
@@ -781,7 +781,7 @@ static void *amx_run(void *arg) {
                                    po ? po + (t * nkb + kb) * per : 0, j->flags,
                                    buf + t * 512);
                 /* with more than 32 rows x streams by from L2 once a pair: loaded past L1,
-                 * it leaves the pair's widened blocks there (~10 % of a 64-128-row head) */
+                 * it leaves the pair's widened blocks there */
                 if (whole) _tile_stream_loadd(4, x0 + kb * ldk, 64);
                 else _tile_loadd(4, x0 + kb * ldk, 64);
                 _tile_loadd(6, b, 64);
@@ -822,7 +822,7 @@ int q8_amx(const uint16_t *x, const int8_t *pq, const void *ps, const float *po,
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t blocks = n / 16, pairs = (blocks + 1) / 2;
     /* several jobs a thread, taken as threads free up: on a machine with other work (an
-     * HTTP server, its clients) one preempted thread no longer holds up the whole call */
+     * HTTP server, its clients) one preempted thread does not hold up the whole call */
     int njobs = threads * JOBS_PER_THREAD < pairs ? threads * JOBS_PER_THREAD : (int)pairs;
     amx_job_t jobs[MAX_THREADS * JOBS_PER_THREAD];
     const int64_t per = (pairs + njobs - 1) / njobs, nkb = k / BLOCK;

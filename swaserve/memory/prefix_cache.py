@@ -16,9 +16,9 @@ running request holds them (`lock`).
 Eviction takes the least recently used unlocked leaf from a heap of the nodes that may be
 one (each pushed when it may have become one: made, touched, unlocked, or its last child
 gone; entries that no longer hold are skipped as they come up). Walking the tree for its
-leaves each time cost 0.08 ms with 1,000 nodes and 0.67 with 7,000, and a server whose
-cache is full evicts a page or two every decode step of 32 rows; a cache of a few GiB
-holds 100,000 nodes.
+leaves would cost time in proportion to the tree on every eviction, and a server whose
+cache is full evicts a page or two every decode step; a cache of a few GiB holds
+~100,000 nodes.
 
 Address scheme: window page `w` holds positions of one full page at slots
 `w * page_size + offset` of one buffer per sliding layer (dense sliding index).

@@ -119,9 +119,9 @@ def _banded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, window: int
             sinks: torch.Tensor | None, scale: float, gqa: bool) -> torch.Tensor:
     """A fresh chunk longer than a sliding layer's window: its banded mask leaves each
     query the `window` keys up to it, so a block of queries attends only the keys from
-    its first query's window on. SDPA over the whole mask computed every key of the chunk
-    for every query (at 2,048 tokens and a window of 512, 8x the attended pairs: ~230 of a
-    prefill's 530 ms) and gave masked-out keys nothing but time."""
+    its first query's window on. SDPA over the whole mask would compute every key of the
+    chunk for every query (at 2,048 tokens and a window of 512, 8x the attended pairs)
+    and give masked-out keys nothing but time."""
     n = q.shape[2]
     if n <= BAND_QUERIES + window:
         return _attend(q, k, v, view, sinks, scale, gqa)
@@ -156,8 +156,8 @@ def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: 
 def _invariant_kernel(ctx: ForwardContext, q: torch.Tensor):
     """In batch-invariant mode, float32 attention on the CPU takes SDPA's math kernel:
     torch's float32 flash kernel gives a (sequence, head) different bits depending on which
-    thread computes it (on AMD Zen 5, 2 threads: 15 of 32 heads of a batch of 8 differ from
-    the same rows run one by one), so a row's bits would follow its place in the batch. The
+    thread computes it (on AMD Zen 5 with 2 threads, heads of a batch differ from the same
+    rows run one by one), so a row's bits would follow its place in the batch. The
     math kernel's bits do not; bf16 takes flash, whose bits do not either."""
     if ctx.row_block is None or q.dtype != torch.float32 or q.device.type != "cpu":
         return contextlib.nullcontext()

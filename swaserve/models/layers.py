@@ -114,8 +114,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 @timed("projections")
 def linear(x: torch.Tensor, w: torch.Tensor, row_block: int | None = None,
            q8: Q8Weight | None = None, kernel: str | None = None) -> torch.Tensor:
-    """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs ~1.5x faster
-    than a one-row matmul (the batch-1 decode path). With `row_block` (batch-invariant
+    """x @ w.T; a single row goes through matrix-vector, which CPU BLAS runs faster than a
+    one-row matmul (the batch-1 decode path). With `row_block` (batch-invariant
     mode), rows are multiplied in blocks of exactly that many (see `rows_in_blocks`).
     `q8`, the same weight as exact int8 blocks, takes the batches its kernel (`kernel`, or
     the fastest for the rows) runs faster (half the bytes to read)."""

@@ -25,7 +25,7 @@ WIDE_TOP_K = 8192  # the second width tried before a row sorts the whole vocabul
 
 
 def _index(idx: list[int], device: torch.device) -> torch.Tensor:
-    """Row numbers as a tensor: `index_select` gathers rows ~4x faster than t[list]."""
+    """Row numbers as a tensor: `index_select` gathers rows faster than t[list]."""
     return torch.tensor(idx, dtype=torch.int64, device=device)
 
 
@@ -210,8 +210,8 @@ def _draw_wide(rows: torch.Tensor, st: SamplingTensors, sub: list[int], vocab: i
     caller has it) whose kept set may pass BOUNDED_TOP_K: first from WIDE_TOP_K
     candidates, exact for a row whose top_k fits
     them or, with top_k = all, whose last candidate is filtered out (a flat
-    distribution's nucleus at T = 1 is often a few thousand tokens: a topk of 8,192 is
-    ~1 ms a row where sorting 262,144 is ~9); the rest sort the whole vocabulary."""
+    distribution's nucleus at T = 1 is often a few thousand tokens: a topk of 8,192 costs
+    a fraction of sorting 262,144); the rest sort the whole vocabulary."""
     tokens = torch.empty(len(sub), dtype=torch.int64, device=rows.device)
     top_k, top_p, min_p = st.top_k[sub], st.top_p[sub], st.min_p[sub]
     left = list(range(len(sub)))

@@ -84,7 +84,7 @@ def mask_biases(matchers: list[GrammarMatcher], vocab_size: int,
                 device: torch.device) -> torch.Tensor:
     """float32 [G, V] additive rows, 0 where each matcher allows the next token and -inf
     where it bans it. Bit k of the little-endian bitmask's byte j is token 8 j + k, so one
-    lookup per byte unpacks it (an add is ~30x cheaper in the sampler than a masked_fill)."""
+    lookup per byte unpacks it (in the sampler an add of such a row is far cheaper than a masked_fill)."""
     packed = torch.empty(len(matchers), (vocab_size + 31) // 32, dtype=torch.int32)
     for i, m in enumerate(matchers):
         m.fill_bitmask(packed[i])
@@ -144,7 +144,7 @@ class GrammarCompiler:
         return True
 
     def _ll(self, param: str):
-        """The llguidance token table, built on first use (~3 s for a 262k vocabulary)."""
+        """The llguidance token table, built on first use (seconds for a 262k vocabulary)."""
         try:
             import llguidance
         except ImportError:

@@ -334,9 +334,9 @@ def run_greedy(path, screen_on: bool):
 
 def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
     on, eng = run_greedy(tmp_path, True)
-    assert eng.model.head_screen.calls > 0
+    assert eng.model.head.screen.calls > 0
     off, eng = run_greedy(tmp_path, False)
-    assert eng.model.head_screen is None and on == off
+    assert eng.model.head.screen is None and on == off
 
 
 def test_a_sampling_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
@@ -353,9 +353,9 @@ def test_a_sampling_engine_batch_gets_the_same_tokens_with_and_without_the_scree
         return SamplingParams(max_tokens=12, ignore_eos=True, **kinds[i % len(kinds)])
 
     on, eng = run_engine(tmp_path, True, params_of)
-    assert eng.model.head_screen.drawn > 0
+    assert eng.model.head.screen.drawn > 0
     off, eng = run_engine(tmp_path, False, params_of)
-    assert eng.model.head_screen is None and on == off
+    assert eng.model.head.screen is None and on == off
 
 
 def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monkeypatch,
@@ -367,7 +367,7 @@ def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monke
 
     monkeypatch.setattr(screen.HeadScreen, "tokens", broken)
     got, eng = run_greedy(tmp_path, True)
-    assert got == want and eng.model.head_screen is None
+    assert got == want and eng.model.head.screen is None
     assert "LM head screen failed" in caplog.text
 
 def test_the_bound_holds_where_rounding_errs_all_one_way():

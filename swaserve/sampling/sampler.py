@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swaserve.kernels import gumbel
-from swaserve.models.context import Argmaxes, KeyedRows, SplitLogits
+from swaserve.models.head import HeadKind, HeadOutput, KeyedRows
 from swaserve.sampling import murmur
 from swaserve.sampling.filtering import BOUNDED_TOP_K, draw_filtered
 from swaserve.sampling.params import SamplingParams
@@ -286,39 +286,47 @@ class Sampler:
             rows[i] = dataclasses.replace(rows[i], seed=seed)
         return rows
 
-    def _split(self, logits: SplitLogits, rows: list[SamplerRow]) -> SamplerOutput:
+    @torch.inference_mode()
+    def __call__(self, head: HeadOutput | torch.Tensor, rows: list[SamplerRow]
+                 ) -> SamplerOutput:
+        """A token for each of `rows` from what the LM head gave for them (a plain tensor:
+        every row's logits), with the logprobs the rows ask for."""
+        if not isinstance(head, HeadOutput):
+            return self._sample(head, rows)
+        if head.kind is HeadKind.LOGITS:
+            return self._sample(head.logits, rows)
+        if head.kind is HeadKind.ARGMAXES:
+            if not all(plain_greedy(r) for r in rows):
+                raise ValueError("the model returned argmaxes for rows that sample")
+            return SamplerOutput(head.tokens, None, None, None, [])
+        return self._split(head, rows)
+
+    def _split(self, head: HeadOutput, rows: list[SamplerRow]) -> SamplerOutput:
         """The chosen rows' tokens as the model gave them (plain greedy rows and keyed
         temperature-only ones: `light`), the others sampled from their logits; logprob rows
         and failures indexed by the step's rows."""
-        if len(rows) != logits.shape[0] or not all(
+        if len(rows) != head.shape[0] or not all(
                 light(rows[i]) and (rows[i].params.greedy or rows[i].seed is not None)
-                for i in logits.chosen):
+                for i in head.chosen):
             raise ValueError("the model returned tokens for rows it cannot sample")
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
-        tokens[logits.chosen] = logits.tokens.to(self.device)
-        others = logits.others
+        tokens[head.chosen] = head.tokens.to(self.device)
+        others = head.others
         if not others:
             return SamplerOutput(tokens, None, None, None, [])
-        out = self(logits.logits, [rows[i] for i in others])
+        out = self._sample(head.logits, [rows[i] for i in others])
         tokens[others] = out.tokens
         return SamplerOutput(tokens, out.chosen_logprob, out.top_logprobs, out.top_ids,
                              [others[i] for i in out.logprob_rows],
                              {others[i]: e for i, e in out.failed.items()})
 
-    @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor | Argmaxes | SplitLogits, rows: list[SamplerRow]
-                 ) -> SamplerOutput:
-        if isinstance(logits, Argmaxes):
-            if not all(plain_greedy(r) for r in rows):
-                raise ValueError("the model returned argmaxes for rows that sample")
-            return SamplerOutput(logits.tokens, None, None, None, [])
-        if isinstance(logits, SplitLogits):
-            return self._split(logits, rows)
+    def _sample(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
+        """Every row sampled from its logits [B, V]."""
         if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         chunk = max(1, SAMPLE_BYTES // (logits.shape[1] * 4))
         if sum(not light(r) for r in rows) > chunk:  # whole-row temporaries, a run at a time
-            return SamplerOutput.cat([self(logits[i:i + chunk], rows[i:i + chunk])
+            return SamplerOutput.cat([self._sample(logits[i:i + chunk], rows[i:i + chunk])
                                       for i in range(0, len(rows), chunk)], self.device)
         rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)

@@ -264,7 +264,8 @@ class LMHead:
               norm: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Fill ctx.score from the last layer's rows x (`norm`: the final norm): each scored
         row's log-softmax, SCORE_ROWS rows at a time, of which only the next token's value
-        and the top-n are kept."""
+        and the top-n are kept. Always from logits: what the step asks of the head for its
+        sampled rows (`ctx.argmax_only`, ...) is not asked of these."""
         score = ctx.score
         rows = score.indices.shape[0]
         score.logprobs = torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -272,10 +273,10 @@ class LMHead:
         score.top_ids = torch.empty(rows, score.top_n, dtype=torch.int64, device=x.device)
         for a in range(0, rows, SCORE_ROWS):
             b = min(rows, a + SCORE_ROWS)
-            head = self(norm(x[score.indices[a:b]]), weight, ctx)
-            if head is None:  # a tensor-parallel rank past 0: rank 0 scores
+            logits = self.logits(norm(x[score.indices[a:b]]), weight, ctx)
+            if logits is None:  # a tensor-parallel rank past 0: rank 0 scores
                 continue
-            lp = torch.log_softmax(head.logits.float(), dim=-1)
+            lp = torch.log_softmax(logits.float(), dim=-1)
             score.logprobs[a:b] = lp.gather(1, score.targets[a:b, None])[:, 0]
             if score.top_n:
                 score.top_logprobs[a:b], score.top_ids[a:b] = lp.topk(score.top_n, dim=-1)

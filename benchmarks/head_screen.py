@@ -192,7 +192,8 @@ def keyed_alone(screen, rows: torch.Tensor, batches: list[int]) -> None:
     """Every row keyed at temperature 1 (seeds of their own): the screen's draws against
     q8_dpbf16's logits and the sampler, and each row's candidates."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
+    from swaserve.sampling.sampler import Sampler
 
     q8w = screen.head
     sampler = Sampler(q8w.shape[0], torch.device("cpu"))

@@ -66,7 +66,7 @@ def keyed_rows_of(m: int, seed: int, greedy_every: int = 4):
     temperatures from 0.05 to 2 (seeds and positions their own); (rows, temperature,
     prefix) as the screen takes them (0 for a greedy row)."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
 
     g = torch.Generator().manual_seed(seed)
     temps = (0.05, 0.3, 0.7, 1.0, 1.3, 2.0)
@@ -425,7 +425,8 @@ def test_fuzz_screen_tokens_are_the_samplers_on_whole_logits(fuzz_heads, head, m
     token the screen settles is the sampler's on q8_dpbf16's whole logits, with the same
     keys; a row it leaves (-1) is keyed and past CAP."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
+    from swaserve.sampling.sampler import Sampler
 
     h, s = fuzz_heads[head]
     g = torch.Generator().manual_seed(data_seed)

@@ -12,7 +12,8 @@ import torch
 from swaserve.mlx import available as mlx_available
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerRow
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 V = 1000
 BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(
@@ -513,6 +514,7 @@ def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
     order either way), logprobs with their top lists padded to the widest, and failures
     at the step's own row indices."""
     from swaserve.sampling import sampler as sampler_mod
+    from swaserve.sampling.output import SamplerOutput
 
     logits = fixed_logits(9, seed=17)
     kinds = [SamplingParams(temperature=0.8, top_p=0.9, logprobs=4, seed=1),
@@ -532,9 +534,9 @@ def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
         n = rows[i].params.logprobs
         assert torch.equal(runs.top_ids[k, :n], whole.top_ids[k, :n])
         assert torch.equal(runs.top_logprobs[k, :n], whole.top_logprobs[k, :n])
-    parts = [sampler_mod.SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
-             sampler_mod.SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
-    assert sorted(sampler_mod.SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]
+    parts = [SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
+             SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
+    assert sorted(SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]
 
 
 def test_a_row_with_a_nan_logit_gets_a_token_in_range():

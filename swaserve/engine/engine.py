@@ -62,8 +62,9 @@ from swaserve.memory.kv_cache import KVCache
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
+from swaserve.sampling.output import SamplerOutput
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import SamplerOutput, has_penalty, keyed_rows, plain_greedy
+from swaserve.sampling.rows import has_penalty, keyed_rows, plain_greedy
 
 log = logging.getLogger("swaserve")
 

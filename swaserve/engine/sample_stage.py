@@ -18,7 +18,9 @@ from swaserve.engine.scheduler import ScheduledSeq
 from swaserve.models.head import HeadOutput
 from swaserve.profile import timed
 from swaserve.sampling.grammar import mask_biases, mask_biases_along
-from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
+from swaserve.sampling.output import SamplerOutput
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 log = logging.getLogger("swaserve")
 

@@ -27,13 +27,9 @@ from swaserve.mlx.step import StepGraph
 from swaserve.models.head import HeadKind, HeadOutput
 from swaserve.sampling import murmur
 from swaserve.sampling.filtering import BOUNDED_TOP_K, WIDE_TOP_K
-from swaserve.sampling.sampler import (
-    Sampler,
-    SamplerOutput,
-    SamplerRow,
-    SamplingTensors,
-    plain_greedy,
-)
+from swaserve.sampling.output import SamplerOutput
+from swaserve.sampling.rows import SamplerRow, SamplingTensors, plain_greedy
+from swaserve.sampling.sampler import Sampler
 
 
 def _u32(c: int):

@@ -75,7 +75,7 @@ def main() -> None:
                  kv_memory=f"{max(2, most * 31 // 1024 + 2)}GiB",
                  max_model_len=args.prompt_len + args.steps + 2 * most + 40)
     model = eng.model
-    screen = model.head_screen
+    screen = model.head.screen
     if screen is None:
         print("the LM head screen does not run here (it needs AVX-512 VNNI and BF16 without "
               "AMX, and the int8 head)")
@@ -88,10 +88,10 @@ def main() -> None:
     print("| batch | screen ms | whole head ms | ratio | same tokens |")
     print("|---|---|---|---|---|")
     def use_screen(on: bool) -> None:
-        model.head_screen = screen if on else None
+        model.head.screen = screen if on else None
 
     alternate(eng, args, use_screen, mixed=False)
-    model.head_screen = screen
+    model.head.screen = screen
 
     mixed_steps(eng, args)
     head_alone(eng, screen, args.batches, args.prompt_len)
@@ -99,16 +99,16 @@ def main() -> None:
 
 def mixed_steps(eng, args) -> None:
     """Steps where half the rows sample: the greedy half's tokens from the screen beside
-    the other half's logits (SplitLogits), against every row's logits."""
+    the other half's logits (a SPLIT HeadOutput), against every row's logits."""
     model = eng.model
     print("\nmixed steps (every other row samples), median ms")
     print("| batch | split | every row's logits | ratio | same tokens |")
     print("|---|---|---|---|---|")
     def split(on: bool) -> None:
         if on:
-            model.__dict__.pop("_split_head", None)
+            model.head.__dict__.pop("split", None)
         else:
-            model._split_head = lambda x, ctx: None  # the whole head, every row
+            model.head.split = lambda x, ctx: None  # the whole head, every row
 
     alternate(eng, args, split, mixed=True)
     split(True)
@@ -117,7 +117,7 @@ def mixed_steps(eng, args) -> None:
 def vnni_limits(eng, args) -> None:
     """Decode steps with the head's q8_vnni limit at the first of `args.vnni_limits` rows
     against the second (rows past the limit go to the screen), greedy and mixed."""
-    head, model = eng.model.lm_head_q8, eng.model
+    head, model = eng.model.head.q8, eng.model
     new, old = args.vnni_limits
 
     def limit(on: bool) -> None:
@@ -154,18 +154,21 @@ def alternate(eng, args, setting, mixed: bool) -> None:
 def head_alone(eng, screen, batches: list[int], prompt_len: int) -> None:
     """The head alone on final hidden states of this engine's decode steps: the screen
     (kernel and rescoring) against q8_dpbf16's argmaxes, and each row's candidates."""
-    model = eng.model
+    from swaserve.models.head import LMHead
+
     caught: list[torch.Tensor] = []
-    head = model._head
+    head = LMHead.__call__
 
-    def catch(x, ctx):
+    def catch(self, x, weight, ctx):
         caught.append(x.detach().clone())
-        return head(x, ctx)
+        return head(self, x, weight, ctx)
 
-    model._head = catch
+    LMHead.__call__ = catch
     log("[head_screen] collecting final hidden states")
-    decode_steps(eng, max(batches), 8, prompt_len)
-    del model._head
+    try:
+        decode_steps(eng, max(batches), 8, prompt_len)
+    finally:
+        LMHead.__call__ = head
     rows = torch.cat([x for x in caught if x.shape[0] == max(batches)])
     print("\nthe head alone on the engine's final hidden states (ms, median of 5; q8_vnni: "
           "the head's kernel up to its vnni_limit rows)")
@@ -189,7 +192,8 @@ def keyed_alone(screen, rows: torch.Tensor, batches: list[int]) -> None:
     """Every row keyed at temperature 1 (seeds of their own): the screen's draws against
     q8_dpbf16's logits and the sampler, and each row's candidates."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
+    from swaserve.sampling.sampler import Sampler
 
     q8w = screen.head
     sampler = Sampler(q8w.shape[0], torch.device("cpu"))

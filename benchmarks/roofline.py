@@ -78,7 +78,7 @@ def ceilings(model, threads: int, weight_bytes: int) -> dict:
             flops = 2 * rows * w.shape[0] * w.shape[1]
             t = median_time(lambda x=x, w=w: torch.matmul(x, w.T), 5)
             out["matmul"][f"torch bf16 {name} x{rows}"] = flops / t
-            q8 = model.lm_head_q8 if name == "lm_head" else layer.q8.get(name)
+            q8 = model.head.q8 if name == "lm_head" else layer.q8.get(name)
             # the tile kernel a decode step of these rows takes (q8_vnni, then q8_amx or,
             # without AMX, q8_dpbf16)
             kernel = q8_kernels.tile_kernel(rows)

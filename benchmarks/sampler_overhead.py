@@ -10,7 +10,7 @@ hashes the whole vocabulary for those rows. "full-path" gives one filtering row 
 so every filtering row goes through the sorted vocabulary. "nucleus" is every row at T=1,
 top-p 0.95 (the OpenAI default-like chat setting): nuclei past 1,024 candidates. "T=1, no
 seed" is the OpenAI API's defaults (temperature 1, top_p 1, no seed); "half greedy" puts
-plain greedy rows beside them (their tokens from the LM head's argmaxes, SplitLogits).
+plain greedy rows beside them (their tokens from the LM head's argmaxes: a SPLIT HeadOutput).
 """
 
 from __future__ import annotations

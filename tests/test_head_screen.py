@@ -66,7 +66,7 @@ def keyed_rows_of(m: int, seed: int, greedy_every: int = 4):
     temperatures from 0.05 to 2 (seeds and positions their own); (rows, temperature,
     prefix) as the screen takes them (0 for a greedy row)."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
 
     g = torch.Generator().manual_seed(seed)
     temps = (0.05, 0.3, 0.7, 1.0, 1.3, 2.0)
@@ -333,9 +333,9 @@ def run_greedy(path, screen_on: bool):
 
 def test_a_greedy_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
     on, eng = run_greedy(tmp_path, True)
-    assert eng.model.head_screen.calls > 0
+    assert eng.model.head.screen.calls > 0
     off, eng = run_greedy(tmp_path, False)
-    assert eng.model.head_screen is None and on == off
+    assert eng.model.head.screen is None and on == off
 
 
 def test_a_sampling_engine_batch_gets_the_same_tokens_with_and_without_the_screen(tmp_path):
@@ -352,9 +352,9 @@ def test_a_sampling_engine_batch_gets_the_same_tokens_with_and_without_the_scree
         return SamplingParams(max_tokens=12, ignore_eos=True, **kinds[i % len(kinds)])
 
     on, eng = run_engine(tmp_path, True, params_of)
-    assert eng.model.head_screen.drawn > 0
+    assert eng.model.head.screen.drawn > 0
     off, eng = run_engine(tmp_path, False, params_of)
-    assert eng.model.head_screen is None and on == off
+    assert eng.model.head.screen is None and on == off
 
 
 def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monkeypatch,
@@ -366,7 +366,7 @@ def test_a_screen_that_raises_is_turned_off_and_the_step_goes_on(tmp_path, monke
 
     monkeypatch.setattr(screen.HeadScreen, "tokens", broken)
     got, eng = run_greedy(tmp_path, True)
-    assert got == want and eng.model.head_screen is None
+    assert got == want and eng.model.head.screen is None
     assert "LM head screen failed" in caplog.text
 
 def test_the_bound_holds_where_rounding_errs_all_one_way():
@@ -424,7 +424,8 @@ def test_fuzz_screen_tokens_are_the_samplers_on_whole_logits(fuzz_heads, head, m
     token the screen settles is the sampler's on q8_dpbf16's whole logits, with the same
     keys; a row it leaves (-1) is keyed and past CAP."""
     from swaserve.sampling.params import SamplingParams
-    from swaserve.sampling.sampler import Sampler, SamplerRow, row_prefixes
+    from swaserve.sampling.rows import SamplerRow, row_prefixes
+    from swaserve.sampling.sampler import Sampler
 
     h, s = fuzz_heads[head]
     g = torch.Generator().manual_seed(data_seed)

@@ -14,7 +14,8 @@ from conftest import HYBRID, random_prompt, write_tiny_gemma3
 from swaserve.kernels import murmur
 from swaserve.mlx import available
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerRow
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
                                 "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")

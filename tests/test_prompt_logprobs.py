@@ -117,6 +117,36 @@ def test_prompt_logprobs_survive_retraction(tiny_hybrid):
         check_against(reference(model, p), p, r.prompt_logprobs, 1)
 
 
+def test_a_greedy_request_scores_its_prompt_beside_the_heads_argmaxes(tmp_path):
+    """A plain greedy request that asks for prompt logprobs, on a bf16 engine with an int8
+    LM head: its step may take the head's argmaxes for the sampled row, and its prompt
+    rows are still scored from their logits, with the values and tokens of the path that
+    computes every row's logits (taken when logits are logged)."""
+    from conftest import HYBRID, int8_copy, write_tiny_gemma3
+
+    from swaserve.engine.engine import Engine
+
+    write_tiny_gemma3(tmp_path, HYBRID, seed=3)
+    eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256,
+                 prefix_cache=False)
+    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)})
+    prompt = random_prompt(20, 1)
+    params = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2, ignore_eos=True)
+
+    def run(log: bool):
+        eng.logits_log = [] if log else None
+        req = eng.add_request(prompt, params)[0]
+        while eng.has_unfinished():
+            eng.step()
+        return req
+
+    fast, logged = run(False), run(True)
+    assert fast.error is None and len(fast.output_token_ids) == 3
+    assert fast.output_token_ids == logged.output_token_ids
+    assert fast.prompt_logprobs == logged.prompt_logprobs
+    assert fast.prompt_logprobs[0] is None and all(fast.prompt_logprobs[1:])
+
+
 def test_prompt_logprobs_parameter_is_checked():
     for bad in (-1, 21, 1.5, True, "2"):
         with pytest.raises(ValueError, match="prompt_logprobs"):

@@ -578,10 +578,10 @@ def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
     for screened in (False, True):
         eng.model.use_q8({"lm_head": int8}, head_screen=screened)
         limit = base
-        if screened and eng.model.head_screen is not None:
+        if screened and eng.model.head.screen is not None:
             limit = min(base, screen.VNNI_ROWS)
             assert limit < base or not screen.available()
-        assert eng.model.lm_head_q8.vnni_limit == limit
+        assert eng.model.head.q8.vnni_limit == limit
         assert eng.model.same_numerics_rows(1) == limit
         assert eng.model.same_numerics_rows(limit + 1) == 1 << 62
 
@@ -638,14 +638,14 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
                                                                              monkeypatch):
     """A bf16 engine with an int8 LM head, a batch mixing plain greedy rows with seeded
     sampling, top-k and logprob rows (9 rows shrinking to 1): the greedy rows' tokens come
-    from the head's argmaxes and the others' from their own logits (SplitLogits), each on
+    from the head's argmaxes and the others' from their own logits (a SPLIT HeadOutput), each on
     the kernel the whole step's head would take, so every request's tokens and logprobs
     are those of the path that computes every row's logits (taken when logits are
     logged)."""
     from conftest import HYBRID, random_prompt, write_tiny_gemma3
 
     from swaserve.engine.engine import Engine
-    from swaserve.models.base import CausalLM
+    from swaserve.models.head import LMHead
     from swaserve.sampling.params import SamplingParams
 
     if q8.tile_kernel(9) is None:
@@ -659,17 +659,17 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
                                              scales).to_tiles()})
     # past 4 rows another kernel than q8_vnni: a part of a step (3 greedy, 6 other rows)
     # on the kernel its own row count picks would round as the whole step's does not
-    eng.model.lm_head_q8.vnni_limit = 4
+    eng.model.head.q8.vnni_limit = 4
     splits = []
-    real = CausalLM._split_head
+    real = LMHead.split
 
-    def split_head(self, x, ctx):
+    def split(self, x, ctx):
         out = real(self, x, ctx)
         if out is not None:
             splits.append((len(out.chosen), x.shape[0]))
         return out
 
-    monkeypatch.setattr(CausalLM, "_split_head", split_head)
+    monkeypatch.setattr(LMHead, "split", split)
     kinds = [dict(temperature=0), dict(temperature=0.8, seed=5),
              dict(temperature=1.0, top_k=4, seed=6), dict(temperature=0, logprobs=3)]
     params = [SamplingParams(**kinds[i % 4], max_tokens=4 + 2 * i, ignore_eos=True)

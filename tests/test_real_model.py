@@ -79,7 +79,7 @@ def test_mem_fraction_leaves_out_what_the_model_allocates_later(monkeypatch):
     eng = Engine(mem_fraction=0.25, max_running_requests=4)
     pending = eng.model.pending_bytes
     if screen.available():
-        assert pending == eng.model.head_screen.pending_bytes > 262144 * 640  # its int8 values
+        assert pending == eng.model.head.screen.pending_bytes > 262144 * 640  # its int8 values
     else:
         assert pending == 0
     assert eng.plan.budget_bytes == int((free - pending) * 0.25)
@@ -125,7 +125,7 @@ def test_sampled_rows_drawn_by_the_head_screen_are_the_samplers_tokens():
         llm = LLM(head_screen=on, max_running_requests=24, seed=7)
         tokens[on] = [o.token_ids for o in llm.generate(prompts, params)]
         if on:
-            assert llm.engine.model.head_screen.drawn >= 9 * 15
+            assert llm.engine.model.head.screen.drawn >= 9 * 15
     assert tokens[True] == tokens[False]
 
 
@@ -303,7 +303,7 @@ def _greedy_runs(prompts: list[str], tokens: int, lengths: list | None = None,
     runs = {}
     for name, options in engines.items():
         llm = LLM(max_running_requests=len(prompts), prefix_cache=False, **options)
-        assert (llm.engine.model.lm_head_q8 is not None) == name.startswith("int8")
+        assert (llm.engine.model.head.q8 is not None) == name.startswith("int8")
         llm.engine.logits_log = []
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens,
                                                     ignore_eos=True))

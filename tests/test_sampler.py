@@ -12,7 +12,8 @@ import torch
 from swaserve.kernels import murmur
 from swaserve.mlx import available as mlx_available
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerRow
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 V = 1000
 BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(
@@ -436,12 +437,12 @@ def test_ties_across_a_cut_keep_the_smallest_ids_whatever_the_batch(backend, dty
         assert both[:2] == alone, (seed, both, alone)
 
 def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
-    """A step whose greedy rows come as argmaxes beside the other rows' logits (SplitLogits,
+    """A step whose greedy rows come as argmaxes beside the other rows' logits (a SPLIT HeadOutput,
     the LM head's split) samples every row as whole logits would: the same tokens, the
     same logprobs on the same rows; the row-by-row retry's one-row slices too. A keyed
     temperature-only row's token may come with them (the head's screen draws it); a token
     for a row that filters, asks for logprobs or has no seed is refused."""
-    from swaserve.models.context import SplitLogits
+    from swaserve.models.head import HeadOutput
 
     logits = fixed_logits(6, seed=11)
     rows = [row(SamplingParams(temperature=0)),
@@ -452,7 +453,7 @@ def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
             row(SamplingParams(temperature=0))]
     greedy = [0, 2, 5]
     others = [1, 3, 4]
-    split = SplitLogits(logits[others].clone(), logits[greedy].argmax(-1), greedy)
+    split = HeadOutput.of_split(logits[others].clone(), logits[greedy].argmax(-1), greedy)
     assert split.shape == (6, V) and split.others == others
     whole = Sampler(V, torch.device("cpu"), 0)(logits.clone(), rows)
     got = Sampler(V, torch.device("cpu"), 0)(split, rows)
@@ -464,14 +465,14 @@ def test_split_logits_give_the_tokens_and_logprobs_of_whole_logits():
     for j in range(6):
         one = s(split[j:j + 1], rows[j:j + 1])
         assert one.tokens.tolist() == [whole.tokens[j].item()]
-    drawn = SplitLogits(logits[[3, 4]].clone(), whole.tokens[[0, 1, 2, 5]], [0, 1, 2, 5])
+    drawn = HeadOutput.of_split(logits[[3, 4]].clone(), whole.tokens[[0, 1, 2, 5]], [0, 1, 2, 5])
     assert torch.equal(s(drawn, rows).tokens, whole.tokens)
     for bad in (3, 4):
         with pytest.raises(ValueError, match="tokens for rows it cannot sample"):
-            s(SplitLogits(logits[[0]], logits[[bad]].argmax(-1), [1]), [rows[0], rows[bad]])
+            s(HeadOutput.of_split(logits[[0]], logits[[bad]].argmax(-1), [1]), [rows[0], rows[bad]])
     unseeded = row(SamplingParams(temperature=0.7))
     with pytest.raises(ValueError, match="tokens for rows it cannot sample"):
-        s(SplitLogits(logits[[0]], logits[[1]].argmax(-1), [1]), [rows[0], unseeded])
+        s(HeadOutput.of_split(logits[[0]], logits[[1]].argmax(-1), [1]), [rows[0], unseeded])
 
 
 def test_gumbel_candidates_are_the_ids_that_can_win_hashed_as_murmur_does(monkeypatch):
@@ -513,6 +514,7 @@ def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
     order either way), logprobs with their top lists padded to the widest, and failures
     at the step's own row indices."""
     from swaserve.sampling import sampler as sampler_mod
+    from swaserve.sampling.output import SamplerOutput
 
     logits = fixed_logits(9, seed=17)
     kinds = [SamplingParams(temperature=0.8, top_p=0.9, logprobs=4, seed=1),
@@ -532,9 +534,9 @@ def test_rows_sampled_in_runs_give_what_one_call_gives(monkeypatch):
         n = rows[i].params.logprobs
         assert torch.equal(runs.top_ids[k, :n], whole.top_ids[k, :n])
         assert torch.equal(runs.top_logprobs[k, :n], whole.top_logprobs[k, :n])
-    parts = [sampler_mod.SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
-             sampler_mod.SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
-    assert sorted(sampler_mod.SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]
+    parts = [SamplerOutput(torch.tensor([1, 2]), None, None, None, [], {1: ValueError()}),
+             SamplerOutput(torch.tensor([3]), None, None, None, [], {0: KeyError()})]
+    assert sorted(SamplerOutput.cat(parts, torch.device("cpu")).failed) == [1, 2]
 
 
 def test_a_row_with_a_nan_logit_gets_a_token_in_range():

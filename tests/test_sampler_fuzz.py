@@ -27,7 +27,8 @@ from swaserve.kernels import murmur
 from swaserve.mlx import available as mlx_available
 from swaserve.sampling.filtering import filter_sorted
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import Sampler, SamplerRow
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 EXAMPLES = 600
 BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(

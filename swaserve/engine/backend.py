@@ -3,15 +3,18 @@
 The scheduler, the KV bookkeeping (rows, page tables, ring positions, the prefix tree), the
 planner and the sample stage are backend-free Python over torch CPU index tensors; a
 backend turns the loaded model and the KVCache's layout into its own arrays, runs the
-forward over the runner's ForwardContext and samples from the logits it returns:
+forward over the runner's ForwardContext and samples from what its LM head returns
+(models/head.py HeadOutput):
 
 - `prepare(config)`: the config it runs (or a ValueError naming what it cannot do);
 - `host_device(config)`: where the index tables, the sampler's inputs and the torch
   model it is built from live;
 - `kv_device`: where the KVCache's torch pools keep their data ("meta": nowhere, the
   backend holds the data and the cache logs every move for it);
-- `model(model, cache, source)`: the callable the runner calls with a ForwardContext;
-- `sampler(vocab, device, seed)`: called like sampling/sampler.py's Sampler on that model's logits;
+- `model(model, cache, source)`: the callable the runner calls with a ForwardContext, which
+  returns a HeadOutput;
+- `sampler(vocab, device, seed)`: called like sampling/sampler.py's Sampler on that model's
+  HeadOutput;
 - `to_host(logits)`: the logits as a torch tensor (diagnostics: `Engine.logits_log`);
 - `end_step()`: after the sample stage (a lazy backend evaluates what no row did);
 - `overlaps_by_default(device)`: whether overlap scheduling is on unless asked (on an

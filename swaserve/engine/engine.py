@@ -63,8 +63,9 @@ from swaserve.models.context import PromptScore
 from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
+from swaserve.sampling.output import SamplerOutput
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.sampler import SamplerOutput, has_penalty, keyed_rows, plain_greedy
+from swaserve.sampling.rows import has_penalty, keyed_rows, plain_greedy
 
 log = logging.getLogger("swaserve")
 
@@ -453,17 +454,17 @@ class Engine:
             t1 = time.perf_counter()
             prev_tokens = prev_result.result()[0].tokens if prev_result is not None else None
             self._check_faults("forward", step_reqs)
-            logits = self.runner.forward(prepared, prev_tokens)
+            head = self.runner.forward(prepared, prev_tokens)
             t2 = time.perf_counter()
-            if len(owners) != logits.shape[0]:
-                logits = logits[[o[0] for o in owners]]
-            if self.logits_log is not None:
-                # copies: the next forward may reuse the logits' buffer (CausalLM.forward)
-                host = self.backend.to_host(logits)
+            if len(owners) != head.shape[0]:
+                head = head[[o[0] for o in owners]]
+            if self.logits_log is not None:  # then the step asked the head for logits alone
+                # copies: the next forward may reuse the logits' buffer (LMHead.logits)
+                host = self.backend.to_host(head.logits)
                 for (_, req), row, lg in zip(owners, rows, host):
                     self.logits_log.append((req.request_id, row.position,
                                             lg.detach().float().cpu().clone()))
-            out = self.sample_stage.sample(logits, rows, owners)
+            out = self.sample_stage.sample(head, rows, owners)
             self.backend.end_step()
             return out, t2 - t1, time.perf_counter() - t2
 

@@ -20,7 +20,7 @@ from swaserve.engine.speculative import NgramSpeculator
 from swaserve.memory.kv_cache import KVCache
 from swaserve.models.context import PromptScore
 from swaserve.profile import timed
-from swaserve.sampling.sampler import SamplerOutput
+from swaserve.sampling.output import SamplerOutput
 
 log = logging.getLogger("swaserve")
 

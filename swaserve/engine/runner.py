@@ -22,6 +22,7 @@ from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
 from swaserve.models.context import AttnGroup, ForwardContext, KeyView, PromptScore
+from swaserve.models.head import HeadOutput
 from swaserve.profile import timed
 
 log = logging.getLogger("swaserve")
@@ -224,7 +225,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, prepared: PreparedBatch, prev_tokens: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                ) -> HeadOutput:
         if prepared.fill is not None:
             dst, src = prepared.fill
             prepared.ctx.input_ids[dst] = prev_tokens[src]

@@ -16,9 +16,12 @@ from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
 from swaserve.memory.kv_cache import KVLost
+from swaserve.models.head import HeadOutput
 from swaserve.profile import timed
 from swaserve.sampling.grammar import mask_biases, mask_biases_along
-from swaserve.sampling.sampler import Sampler, SamplerOutput, SamplerRow
+from swaserve.sampling.output import SamplerOutput
+from swaserve.sampling.rows import SamplerRow
+from swaserve.sampling.sampler import Sampler
 
 log = logging.getLogger("swaserve")
 
@@ -124,12 +127,13 @@ class SampleStage:
         return masks
 
     @timed("sampler")
-    def sample(self, logits: torch.Tensor, rows: list[SamplerRow], owners: Owners
+    def sample(self, head: HeadOutput, rows: list[SamplerRow], owners: Owners
                ) -> SamplerOutput:
-        """Sample the batch, or its rows one by one if that raises (`out.failed`)."""
+        """Sample the batch from what the LM head gave, or its rows one by one if that
+        raises (`out.failed`)."""
         try:
             self._check("sampler", [r for _, r in owners])
-            return self.sampler(logits, rows)
+            return self.sampler(head, rows)
         except KVLost:  # the step's forward failed with it: no row is at fault
             raise
         except Exception as e:  # noqa: BLE001 - find the row at fault
@@ -140,7 +144,7 @@ class SampleStage:
         for j, ((_, req), row) in enumerate(zip(owners, rows)):
             try:
                 self._check("sampler", [req])
-                parts.append(self.sampler(logits[j:j + 1], [row]))
+                parts.append(self.sampler(head[j:j + 1], [row]))
             except Exception as e:  # noqa: BLE001 - this row's request fails alone
                 failed[j] = e
                 parts.append(None)

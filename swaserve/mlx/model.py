@@ -21,6 +21,7 @@ from swaserve.models.base import CausalLM
 from swaserve.models.context import ForwardContext
 from swaserve.models.gemma3 import Gemma3Layer
 from swaserve.models.gpt_oss import GptOssLayer
+from swaserve.models.head import HeadOutput
 from swaserve.models.layers import rope_cos_sin
 from swaserve.models.llama import DecoderLayer
 
@@ -33,8 +34,8 @@ def _family(layer) -> str:
 
 
 class MLXCausalLM:
-    """Called like the torch model: `model(ctx)` -> float32 logits [S, V], as a lazy MLX
-    array the MLXSampler (mlx/sampler.py) samples from; the step's one `mx.eval`
+    """Called like the torch model: `model(ctx)` -> HeadOutput of float32 logits [S, V], a
+    lazy MLX array the MLXSampler (mlx/sampler.py) samples from; the step's one `mx.eval`
     (`evaluate`) computes them, the KV arrays they wrote and the tokens together."""
 
     def __init__(self, model: CausalLM, kv: MLXKV, quantized: dict[str, Q8Weight] | None = None):
@@ -73,7 +74,7 @@ class MLXCausalLM:
     def _quantized(model: CausalLM, weights: dict[str, Q8Weight]) -> dict[str, QuantizedLinear]:
         """The GGUF weights (loader.load_q8_weights names) whose format MLX's quantized
         matmul takes exactly (mlx/quant.py), where their shape is the parameter's."""
-        params = {"lm_head": model.embed if model.lm_head is None else model.lm_head}
+        params = {"lm_head": model.head_weight}
         for i, layer in enumerate(model.layers):
             for name in ("qkv", "gate_up", "o", "down"):
                 params[f"{i}.{name}"] = getattr(layer, name, None)
@@ -209,16 +210,17 @@ class MLXCausalLM:
         return x + out.astype(x.dtype)
 
     # -- the forward -----------------------------------------------------------------------
-    def __call__(self, ctx: ForwardContext):
-        """The step's float32 logits [S, V], lazy: the sampler builds on them and the
-        step's `evaluate` runs the forward, the KV writes and the sampling in one `mx.eval`."""
+    def __call__(self, ctx: ForwardContext) -> HeadOutput:
+        """The step's float32 logits [S, V] (HeadKind.LOGITS), lazy: the sampler builds on
+        them and the step's `evaluate` runs the forward, the KV writes and the sampling in
+        one `mx.eval`."""
         with self.step.stream():
             x = self._hidden_states(ctx)
             logits = self._logits(x[to_mx(ctx.logits_indices)])
             score = self._score(x, ctx) if ctx.score is not None else ()
         self.step.defer([logits, *score, *self.kv.arrays()],
                         (lambda: self._hand_score(ctx, score)) if score else None)
-        return logits
+        return HeadOutput.of_logits(logits)
 
     @staticmethod
     def _hand_score(ctx: ForwardContext, score: tuple) -> None:
@@ -257,7 +259,7 @@ class MLXCausalLM:
         return mx.tanh(logits / cap) * cap if cap else logits
 
     def _score(self, x, ctx: ForwardContext):
-        """Prompt logprobs (models/base.py CausalLM._score): the next token's and the top n."""
+        """Prompt logprobs (models/head.py LMHead.score): the next token's and the top n."""
         mx = self.mx
         sc = ctx.score
         logits = self._logits(x[to_mx(sc.indices)])

@@ -25,14 +25,11 @@ from swaserve.kernels import murmur
 from swaserve.mlx import require
 from swaserve.mlx.cache import to_mx, to_torch
 from swaserve.mlx.step import StepGraph
+from swaserve.models.head import HeadKind, HeadOutput
 from swaserve.sampling.filtering import BOUNDED_TOP_K, WIDE_TOP_K
-from swaserve.sampling.sampler import (
-    Sampler,
-    SamplerOutput,
-    SamplerRow,
-    SamplingTensors,
-    plain_greedy,
-)
+from swaserve.sampling.output import SamplerOutput
+from swaserve.sampling.rows import SamplerRow, SamplingTensors, plain_greedy
+from swaserve.sampling.sampler import Sampler
 
 
 def _u32(c: int):
@@ -89,16 +86,22 @@ def filter_sorted(vals, top_k, top_p, min_p, log_norm=None):
 
 
 class MLXSampler(Sampler):
-    """Called like `Sampler`: `(logits, rows) -> SamplerOutput` (torch tensors, read by the
-    engine's postprocess), with `logits` the model's lazy MLX array; `step` is the
-    StepGraph the forward deferred its arrays to, evaluated with the sampling graph."""
+    """Called like `Sampler`: `(head, rows) -> SamplerOutput` (torch tensors, read by the
+    engine's postprocess), with `head` the MLX model's HeadOutput (every row's logits, a
+    lazy MLX array) or that array; `step` is the StepGraph the forward deferred its arrays
+    to, evaluated with the sampling graph."""
 
     def __init__(self, vocab_size: int, step: StepGraph, seed: int = 0):
         super().__init__(vocab_size, torch.device("cpu"), seed)
         self.mx = require()
         self.step = step
 
-    def __call__(self, logits, rows: list[SamplerRow]) -> SamplerOutput:
+    def __call__(self, head, rows: list[SamplerRow]) -> SamplerOutput:
+        logits = head
+        if isinstance(head, HeadOutput):
+            if head.kind is not HeadKind.LOGITS:
+                raise ValueError(f"the MLX sampler takes logits, not {head.kind.value}")
+            logits = head.logits
         with self.step.stream():
             return self._sample(logits, rows)
 

@@ -1,5 +1,6 @@
-"""CausalLM: what every family shares — embedding, a stack of layers, final norm, LM head,
-and one RoPE table per layer kind (Gemma 3 uses another base on its sliding layers).
+"""CausalLM: what every family shares — embedding, a stack of layers, final norm, the LM
+head (its weight here, the head itself in models/head.py), and one RoPE table per layer kind
+(Gemma 3 uses another base on its sliding layers).
 
 A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map),
 `scale_embeddings` when it multiplies embeddings by sqrt(hidden), and `fused_decode` when
@@ -7,7 +8,6 @@ its layers are the shape that kernels/decode.c runs a decode step of in one call
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable
 
@@ -17,20 +17,14 @@ from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
-from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
-from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
-from swaserve.kernels.screen import VNNI_ROWS as SCREEN_VNNI_ROWS
+from swaserve.kernels.q8 import Q8Weight, same_kernel_rows
 from swaserve.models.attention import AttentionBackend, SDPABackend
-from swaserve.models.context import Argmaxes, ForwardContext, KeyedRows, SplitLogits
+from swaserve.models.context import ForwardContext
 from swaserve.models.fused_decode import FusedDecode
+from swaserve.models.head import HeadOutput, LMHead
 from swaserve.models.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from swaserve.models.weight_map import WeightMap, load_by_map
 from swaserve.profile import timed
-
-log = logging.getLogger("swaserve")
-
-SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
-LOGITS_MIN_ROWS = 32  # the reused logits buffer holds at least this many rows
 
 
 class DecoderLayerBase(nn.Module):
@@ -103,13 +97,9 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.tp = None  # the TPGroup when this is one rank's shard (set_tensor_parallel)
-        # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
-        # has them; used for the batches its kernel takes (Q8Weight.takes)
-        self.lm_head_q8: Q8Weight | None = None
-        # its int8 screen for greedy steps (kernels/screen.py), set by `use_q8`
-        self.head_screen: HeadScreen | None = None
+        # the LM head over `head_weight` (models/head.py); `use_q8` gives it int8 blocks
+        self.head = LMHead(cfg.final_logit_softcapping)
         self._q8_tilings: frozenset[tuple[bool, int | None]] | None = None  # same_numerics_rows
-        self._logits_out: torch.Tensor | None = None  # its reused output (`forward`)
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
         self._fused: tuple[AttentionBackend, FusedDecode] | None = None  # for self.attn
@@ -136,6 +126,7 @@ class CausalLM(nn.Module):
         the group, the LM head's logits gathered on rank 0. The fused C decode step reads
         whole layers: it is off."""
         self.tp = group
+        self.head.tp = group
         self.fused_decode = False
         for layer in self.layers:
             layer.tp = group
@@ -153,13 +144,8 @@ class CausalLM(nn.Module):
         self._fused = None  # it holds the weights' addresses: rebuilt on the next step
         self._q8_tilings = None
         head = q8.get("lm_head")
-        if fits(head, self.embed if self.lm_head is None else self.lm_head):
-            self.lm_head_q8 = head
-            if head.tiled:
-                head.vnni_limit = head_vnni_rows()
-            self.head_screen = HeadScreen.for_head(head) if head_screen else None
-            if self.head_screen is not None:  # past a few rows the screen beats q8_vnni
-                head.vnni_limit = min(head.vnni_limit, SCREEN_VNNI_ROWS)
+        if fits(head, self.head_weight):
+            self.head.use_q8(head, head_screen)
         for i, layer in enumerate(self.layers):
             for name in ("qkv", "gate_up", "o", "down"):
                 w = q8.get(f"{i}.{name}")
@@ -168,35 +154,33 @@ class CausalLM(nn.Module):
                     layer.q8[name] = w
 
     @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's bf16 weight [V, hidden]: the embedding where the family ties them."""
+        return self.embed if self.lm_head is None else self.lm_head
+
+    @property
     def draws_keyed_rows(self) -> bool:
-        """Whether `ctx.keyed` can be of use: the int8 head has a screen and its tokens come
-        from this process's logits (ForwardContext.keyed is built each step only then)."""
-        return (self.head_screen is not None and self.tp is None
-                and not self.cfg.final_logit_softcapping)
+        """Whether `ctx.keyed` can be of use (LMHead.draws_keyed_rows: ForwardContext.keyed
+        is built each step only then)."""
+        return self.head.draws_keyed_rows
 
     @property
     def pending_bytes(self) -> int:
         """Memory the model will allocate after loading (the LM head screen's copy, made at
         the first large greedy step)."""
-        return self.head_screen.pending_bytes if self.head_screen is not None else 0
+        return self.head.pending_bytes
 
     def same_numerics_rows(self, m: int) -> int:
         """The most rows a decode step of m rows may grow to with speculative drafts and
         still multiply each row with the kernel it takes without them (q8.same_kernel_rows)."""
         if self._q8_tilings is None:  # once per set of int8 weights (use_q8 resets it)
             weights = [w for layer in self.layers for w in getattr(layer, "q8", {}).values()]
-            if self.lm_head_q8 is not None:
-                weights.append(self.lm_head_q8)
+            if self.head.q8 is not None:
+                weights.append(self.head.q8)
             self._q8_tilings = frozenset((w.tiled, w.vnni_limit, w.int8_activations)
                                          for w in weights)
         return min((same_kernel_rows(m, *tiling) for tiling in self._q8_tilings),
                    default=1 << 62)
-
-    def _logits_buffer(self, rows: int) -> torch.Tensor:
-        n = self.lm_head_q8.shape[0]
-        if self._logits_out is None or self._logits_out.numel() < rows * n:
-            self._logits_out = torch.empty(max(rows, LOGITS_MIN_ROWS) * n, dtype=torch.float32)
-        return self._logits_out[:rows * n].view(rows, n)
 
     @property
     def fused_decode_steps(self) -> int | None:
@@ -218,13 +202,12 @@ class CausalLM(nn.Module):
         return self._fused[1].run(x, rope, ctx, self.scale)
 
     @timed("forward (embedding, rope, rest)")
-    def forward(self, ctx: ForwardContext) -> torch.Tensor:
-        """Logits [S, V] for the flattened batch rows `ctx.logits_indices`, in the model dtype:
-        the sampler widens them to float32 only where it edits or samples (a greedy batch
-        takes the argmax of the bf16 values, which is the argmax of their float32 copies).
-        From the int8 LM head they are float32 in a buffer that the next forward reuses:
-        32 x 262,144 floats are above glibc's largest mmap threshold (32 MB), so a fresh
-        tensor each step came as new pages, ~8 ms of page faults a batch-32 step."""
+    def forward(self, ctx: ForwardContext) -> HeadOutput | None:
+        """What the LM head gives for the flattened batch rows `ctx.logits_indices`
+        (models/head.py: their logits, or tokens where the step allows); None on a
+        tensor-parallel rank past 0. Logits are in the model dtype: the sampler widens them
+        to float32 only where it edits or samples (a greedy batch takes the argmax of the
+        bf16 values, which is the argmax of their float32 copies)."""
         x = self._embed(ctx.input_ids)
         if self.scale_embeddings:
             x = x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
@@ -239,9 +222,11 @@ class CausalLM(nn.Module):
             for layer in self.layers:
                 x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         if ctx.score is not None:  # before the sampled rows: they reuse the head's buffer
-            self._score(x, ctx)
-        return self._head(rms_norm(x[ctx.logits_indices], self.final_norm,
-                                   self.cfg.rms_norm_eps), ctx)
+            self.head.score(x, self.head_weight, ctx, self._final_norm)
+        return self.head(self._final_norm(x[ctx.logits_indices]), self.head_weight, ctx)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:
@@ -251,121 +236,3 @@ class CausalLM(nn.Module):
         outside = (local < 0) | (local >= rows)
         x = F.embedding(local.masked_fill(outside, 0), self.embed)
         return self.tp.all_reduce(x.masked_fill(outside[:, None], 0))
-
-    @timed("lm head")
-    def _head(self, x: torch.Tensor, ctx: ForwardContext
-              ) -> torch.Tensor | Argmaxes | SplitLogits | None:
-        """Logits of final-normed hidden rows (soft-capped where the family caps them);
-        under tensor parallelism rank 0 gets all of them and the other ranks None. With
-        `ctx.argmax_only`, their argmaxes where an int8 head's tile kernel takes the rows;
-        with `ctx.argmax_rows` or `ctx.keyed`, the tokens of those rows it can give and the
-        others' logits (SplitLogits)."""
-        logits = None
-        argmaxes = (self.lm_head_q8 is not None and self.tp is None
-                    and not self.cfg.final_logit_softcapping)
-        if argmaxes and ctx.argmax_only:
-            tokens = self._greedy_tokens(x, ctx.q8_kernel)
-            if tokens is not None:
-                return Argmaxes(tokens, self.lm_head_q8.shape[0])
-        if argmaxes and (ctx.argmax_rows or ctx.keyed is not None):
-            split = self._split_head(x, ctx)
-            if split is not None:
-                return split
-        if self.lm_head_q8 is not None and self.lm_head_q8.takes(x, ctx.q8_kernel):
-            logits = self.lm_head_q8.matmul(x, out=self._logits_buffer(x.shape[0]),
-                                            kernel=ctx.q8_kernel)
-        if logits is None:
-            logits = linear(x, self.embed if self.lm_head is None else self.lm_head,
-                            ctx.row_block)
-        if self.cfg.final_logit_softcapping:
-            cap = self.cfg.final_logit_softcapping
-            logits = torch.tanh(logits.float() / cap) * cap
-        return logits if self.tp is None else self.tp.gather_logits(logits)
-
-    def _screen_tokens(self, x: torch.Tensor, keyed: KeyedRows | None = None,
-                       rows: list[int] | None = None) -> torch.Tensor | None:
-        """`HeadScreen.tokens` of x's rows (`keyed`'s rows among `rows`, the step's rows that
-        x holds, with their keys; the others greedy); None without a screen or where it
-        gives none. A screen that raises is turned off."""
-        if self.head_screen is None:
-            return None
-        keys = ()
-        if keyed is not None:
-            at = {r: j for j, r in enumerate(rows)}
-            where = torch.tensor([at[r] for r in keyed.rows], dtype=torch.int64)
-            temperature = torch.zeros(len(rows), dtype=torch.float32).index_copy_(
-                0, where, keyed.temperature.cpu())
-            prefix = torch.zeros(len(rows), dtype=torch.int64).index_copy_(
-                0, where, keyed.prefix.cpu())
-            keys = (temperature, prefix)
-        try:
-            return self.head_screen.tokens(x, *keys)
-        except Exception as e:  # noqa: BLE001 - it only saves time: the head whole
-            log.error("LM head screen failed, off from now on: %s", e, exc_info=e)
-            self.head_screen = None
-            return None
-
-    def _greedy_tokens(self, x: torch.Tensor, kernel: str | None) -> torch.Tensor | None:
-        """The argmaxes of x's rows from the int8 head's tile kernel `kernel` (as `matmul`
-        picks it; through the screen where that is q8_dpbf16): the same tokens as its sums';
-        None where no tile kernel takes the rows or a sum is NaN."""
-        if self.head_screen is not None and self.head_screen.takes(x, kernel):
-            tokens = self._screen_tokens(x)
-            if tokens is not None:
-                return tokens
-        return self.lm_head_q8.argmax(x, kernel)
-
-    def _split_head(self, x: torch.Tensor, ctx: ForwardContext) -> SplitLogits | None:
-        """Tokens of `ctx.argmax_rows` (their argmaxes) and of `ctx.keyed`'s rows where the
-        screen draws them (a step whose head takes q8_dpbf16), and the other rows' logits,
-        each on the kernel the head's matmul takes for all the step's rows; None where the
-        head would not run them on a tile kernel, or no row got a token (the caller
-        computes every row's logits then)."""
-        head = self.lm_head_q8
-        kernel = head.kernel_for(x.shape[0], ctx.q8_kernel, any_rows=True)
-        if kernel is None or not head.takes(x, ctx.q8_kernel):
-            return None
-        greedy = ctx.argmax_rows or []
-        rows, tokens, screened = greedy, None, False
-        keyed = ctx.keyed
-        if (keyed is not None and self.head_screen is not None
-                and self.head_screen.takes(x, ctx.q8_kernel)
-                and bool((keyed.temperature >= MIN_TEMPERATURE).all())):
-            rows, screened = sorted(set(greedy) | set(keyed.rows)), True
-            tokens = self._screen_tokens(x[rows], keyed, rows)
-        if tokens is None:  # the greedy rows alone (not through a screen that just gave none)
-            rows = greedy
-            if not rows:
-                return None
-            tokens = (self.lm_head_q8.argmax(x[rows], kernel) if screened
-                      else self._greedy_tokens(x[rows], kernel))
-            if tokens is None:
-                return None
-        settled = tokens >= 0  # a keyed row past the screen's cap: -1, it takes logits
-        chosen = [r for r, ok in zip(rows, settled.tolist()) if ok]
-        if not chosen:
-            return None
-        others = sorted(set(range(x.shape[0])) - set(chosen))
-        logits = (head.matmul(x[others], out=self._logits_buffer(len(others)), kernel=kernel)
-                  if others else torch.empty(0, head.shape[0]))
-        return None if logits is None else SplitLogits(logits, tokens[settled], chosen)
-
-    @timed("prompt scoring")
-    def _score(self, x: torch.Tensor, ctx: ForwardContext) -> None:
-        """Fill ctx.score: each scored row's log-softmax, SCORE_ROWS rows at a time, of
-        which only the next token's value and the top-n are kept."""
-        score = ctx.score
-        rows = score.indices.shape[0]
-        score.logprobs = torch.empty(rows, dtype=torch.float32, device=x.device)
-        score.top_logprobs = torch.empty(rows, score.top_n, dtype=torch.float32, device=x.device)
-        score.top_ids = torch.empty(rows, score.top_n, dtype=torch.int64, device=x.device)
-        for a in range(0, rows, SCORE_ROWS):
-            b = min(rows, a + SCORE_ROWS)
-            h = rms_norm(x[score.indices[a:b]], self.final_norm, self.cfg.rms_norm_eps)
-            logits = self._head(h, ctx)
-            if logits is None:  # a tensor-parallel rank past 0: rank 0 scores
-                continue
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            score.logprobs[a:b] = lp.gather(1, score.targets[a:b, None])[:, 0]
-            if score.top_n:
-                score.top_logprobs[a:b], score.top_ids[a:b] = lp.topk(score.top_n, dim=-1)

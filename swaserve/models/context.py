@@ -9,8 +9,12 @@ one padded group), then each prefill chunk as its own group. For every group and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from swaserve.models.head import KeyedRows
 
 
 @dataclass
@@ -87,70 +91,12 @@ class ForwardContext:
     q8_kernel: str | None = None
     score: PromptScore | None = None  # prompt rows whose logprobs are asked for
     # every sampled row is plain greedy (no edits, no logprobs), one row per logits row:
-    # the model may return their argmaxes (Argmaxes, below) for the logits
+    # the LM head may return their argmaxes for the logits (models/head.py, ARGMAXES)
     argmax_only: bool = False
     # some rows are plain greedy and some are not, one row per logits row: the greedy ones
-    # (logits rows, increasing); the model may return SplitLogits (below) for the logits
+    # (logits rows, increasing); the head may return their tokens beside the others' logits
+    # (SPLIT)
     argmax_rows: list[int] | None = None
     # rows that sample by a temperature alone with keyed noise, one row per logits row: the
-    # model may return their tokens too (SplitLogits) where it finds them without their logits
+    # head may return their tokens too (SPLIT) where it finds them without their logits
     keyed: KeyedRows | None = None
-
-
-@dataclass
-class KeyedRows:
-    """Logits rows whose token is the keyed Gumbel-max of their logits at a temperature, and
-    nothing else of them is read (sampling/sampler.py `keyed_rows`): the token is
-    argmax_t float32(logit_t / temperature) + g(prefix, t), g from kernels/murmur.py."""
-
-    rows: list[int]  # increasing
-    temperature: torch.Tensor  # float32 [R], > 0
-    prefix: torch.Tensor  # int64 [R]: murmur.row_prefix of each row's seed and position
-
-
-@dataclass
-class Argmaxes:
-    """Stands in for a step's logits when every row is plain greedy: each row's first index
-    of its largest logit, computed where the logits were (the int8 LM head,
-    Q8Weight.argmax) instead of writing [rows, V] floats and reading them back."""
-
-    tokens: torch.Tensor  # int64 [rows]
-    vocab: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.tokens.shape[0], self.vocab)
-
-    def __getitem__(self, rows) -> Argmaxes:
-        return Argmaxes(self.tokens[rows], self.vocab)
-
-
-@dataclass
-class SplitLogits:
-    """Stands in for a step's logits when the model gave some rows' tokens itself (plain
-    greedy rows, `ForwardContext.argmax_rows`, and keyed ones, `ForwardContext.keyed`) and
-    the others need logits: those tokens and the other rows' logits, each computed as the
-    head computes the whole step's rows (the same kernel), so that every row gets the token
-    (and logprobs) full logits would give it."""
-
-    logits: torch.Tensor  # [rows - len(chosen), V]: the other rows' logits, in row order
-    tokens: torch.Tensor  # int64 [len(chosen)]: the chosen rows' tokens
-    chosen: list[int]  # the rows with a token, increasing
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.logits.shape[0] + len(self.chosen), self.logits.shape[1])
-
-    @property
-    def others(self) -> list[int]:
-        chosen = set(self.chosen)
-        return [i for i in range(self.shape[0]) if i not in chosen]
-
-    def __getitem__(self, rows: slice) -> SplitLogits:
-        """The rows of a slice (the sampler's row-by-row retry takes them one at a time)."""
-        picked = range(self.shape[0])[rows]
-        where = {r: j for j, r in enumerate(self.chosen)}
-        others = {r: j for j, r in enumerate(self.others)}
-        g = [i for i, r in enumerate(picked) if r in where]
-        o = [others[r] for r in picked if r in others]
-        return SplitLogits(self.logits[o], self.tokens[[where[picked[i]] for i in g]], g)

@@ -18,7 +18,7 @@ import torch
 from swaserve.kernels import gumbel, murmur
 
 if TYPE_CHECKING:
-    from swaserve.sampling.sampler import SamplingTensors
+    from swaserve.sampling.rows import SamplingTensors
 
 BOUNDED_TOP_K = 1024
 WIDE_TOP_K = 8192  # the second width tried before a row sorts the whole vocabulary

@@ -9,115 +9,29 @@ seed draws one from the sampler's generator and is keyed like a seeded row. Temp
 rows skip the sort and hash only the ids that can win. Filtering rows (top-k, top-p, min-p)
 draw in filtering.py; every path picks the same token for a keyed row because its noise is
 keyed by vocabulary id (kernels/murmur.py).
+
+A step's input is what the LM head gave (models/head.py HeadOutput): every row's logits, or
+some or all rows' tokens beside the others' logits. The rows and their packed parameters are
+in rows.py, the output in output.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from swaserve.kernels import gumbel, murmur
-from swaserve.models.context import Argmaxes, KeyedRows, SplitLogits
+from swaserve.models.head import HeadKind, HeadOutput
 from swaserve.sampling.filtering import BOUNDED_TOP_K, draw_filtered
-from swaserve.sampling.params import SamplingParams
+from swaserve.sampling.output import SamplerOutput
+from swaserve.sampling.rows import SamplerRow, SamplingTensors, light, plain_greedy
 
 # float32 bytes of whole rows a call works on at once, in runs of rows: glibc gives every
 # allocation of 32 MiB or more fresh pages from mmap, so [32, 262144] float32 temporaries
 # cost ~12 ms of page faults each (a copy into reused memory: 2.7 ms); 8 MiB ones come
 # back from the heap
 SAMPLE_BYTES = 8 << 20
-
-
-@dataclass
-class SamplerRow:
-    """What the sampler needs of one row: its params, seed, position and token history."""
-
-    params: SamplingParams
-    seed: int | None
-    position: int  # absolute position of the last input token
-    prompt_ids: Sequence[int]
-    output_ids: Sequence[int]
-    suppress: Sequence[int] = ()  # token ids banned this step (eos/stop before min_tokens)
-    grammar_bias: torch.Tensor | None = None  # float32 [V]: 0 allowed, -inf banned
-
-
-@dataclass
-class SamplingTensors:
-    """Per-row parameters packed once per batch."""
-
-    greedy: torch.Tensor  # bool [B]
-    temperature: torch.Tensor  # float32 [B] (1 for greedy rows)
-    top_k: torch.Tensor  # int64 [B], V for "all"
-    top_p: torch.Tensor  # float32 [B]
-    min_p: torch.Tensor  # float32 [B]
-    prefix: torch.Tensor  # int64 [B] murmur state after (seed_lo, seed_hi, pos)
-    filter_rows: list[int]
-    temp_rows: list[int]
-    greedy_rows: list[int]
-    bias_index: tuple[torch.Tensor, torch.Tensor] | None
-    bias_value: torch.Tensor | None
-    penalty_rows: list[int]
-    edited_rows: list[int]  # rows with a logit bias, suppressed tokens, a mask or penalties
-    logprob_rows: list[int]
-    num_logprobs: int
-
-    @classmethod
-    def build(cls, rows: list[SamplerRow], vocab: int, device: torch.device) -> SamplingTensors:
-        b = len(rows)
-        greedy = [r.params.greedy for r in rows]
-        temps = [1.0 if g else float(r.params.temperature) for g, r in zip(greedy, rows)]
-        top_k = [vocab if r.params.top_k in (-1, 0) else min(r.params.top_k, vocab) for r in rows]
-        filtering = [not g and (k < vocab or r.params.top_p < 1.0 or r.params.min_p > 0.0)
-                     for g, k, r in zip(greedy, top_k, rows)]
-        t = lambda data, dt: torch.tensor(data, dtype=dt, device=device)  # noqa: E731
-        prefix = row_prefixes(rows, device)
-        bi, bt, bv = [], [], []
-        for i, r in enumerate(rows):
-            for tok, val in (r.params.logit_bias or {}).items():
-                bi.append(i), bt.append(tok), bv.append(val)
-            for tok in r.suppress:
-                bi.append(i), bt.append(tok), bv.append(float("-inf"))
-        want_lp = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        return cls(
-            greedy=t(greedy, torch.bool), temperature=t(temps, torch.float32),
-            top_k=t(top_k, torch.int64), top_p=t([float(r.params.top_p) for r in rows], torch.float32),
-            min_p=t([float(r.params.min_p) for r in rows], torch.float32),
-            prefix=prefix,
-            filter_rows=[i for i in range(b) if filtering[i]],
-            temp_rows=[i for i in range(b) if not greedy[i] and not filtering[i]],
-            greedy_rows=[i for i in range(b) if greedy[i]],
-            bias_index=(t(bi, torch.int64), t(bt, torch.int64)) if bi else None,
-            bias_value=t(bv, torch.float32) if bi else None,
-            penalty_rows=[i for i, r in enumerate(rows) if has_penalty(r.params)],
-            edited_rows=[i for i, r in enumerate(rows) if r.params.logit_bias or r.suppress
-                         or r.grammar_bias is not None or has_penalty(r.params)],
-            logprob_rows=want_lp,
-            num_logprobs=max((rows[i].params.logprobs for i in want_lp), default=0),
-        )
-
-
-def row_prefixes(rows: list[SamplerRow], device: torch.device) -> torch.Tensor:
-    """int64 [B]: each row's murmur prefix of (seed, position); an unkeyed row's seed as 0."""
-    lo_hi = [murmur.split_seed(r.seed if r.seed is not None else 0) for r in rows]
-    t = lambda data: torch.tensor(data, dtype=torch.int64, device=device)  # noqa: E731
-    return murmur.row_prefix(t([x[0] for x in lo_hi]), t([x[1] for x in lo_hi]),
-                             t([r.position for r in rows]))
-
-
-def keyed_rows(rows: list[SamplerRow], device: torch.device) -> KeyedRows | None:
-    """The rows whose token the model may find itself (ForwardContext.keyed): light rows
-    that sample (by a temperature alone, already keyed: `Sampler.keyed`); None if none."""
-    idx = [i for i, r in enumerate(rows)
-           if light(r) and not r.params.greedy and r.seed is not None]
-    if not idx:
-        return None
-    picked = [rows[i] for i in idx]
-    return KeyedRows(idx, torch.tensor([float(r.params.temperature) for r in picked],
-                                       dtype=torch.float32, device=device),
-                     row_prefixes(picked, device))
 
 
 ARGMAX_CHUNK = 512
@@ -141,93 +55,6 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     # the chunk's ids; a short last chunk repeats its final id, which cannot come first
     idx = (first[:, None] * c + torch.arange(c, device=x.device)).clamp_(max=n - 1)
     return idx.gather(1, x.gather(1, idx).max(dim=-1, keepdim=True).indices)[:, 0]
-
-
-def plain(r: SamplerRow) -> bool:
-    """No edits of its logits (bias, suppressed tokens, grammar, penalties), no logprobs."""
-    p = r.params
-    return (not p.logit_bias and p.logprobs is None and not r.suppress
-            and r.grammar_bias is None and not has_penalty(p))
-
-
-def plain_greedy(r: SamplerRow) -> bool:
-    return r.params.greedy and plain(r)
-
-
-def light(r: SamplerRow) -> bool:
-    """A row whose sampling makes no float copy of its logits: plain greedy, or plain
-    temperature-only (its candidates come from gumbel.c)."""
-    p = r.params
-    return plain(r) and (p.greedy or (p.top_k in (-1, 0) and p.top_p >= 1.0 and p.min_p <= 0.0))
-
-
-def has_penalty(p: SamplingParams) -> bool:
-    return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
-
-
-@dataclass
-class SamplerOutput:
-    tokens: torch.Tensor  # int64 [B]
-    chosen_logprob: torch.Tensor | None  # float32 [B_lp]
-    top_logprobs: torch.Tensor | None  # float32 [B_lp, n]
-    top_ids: torch.Tensor | None  # int64 [B_lp, n]
-    logprob_rows: list[int]
-    failed: dict[int, BaseException] = field(default_factory=dict)  # rows with no token
-
-    @classmethod
-    def cat(cls, parts: list[SamplerOutput], device: torch.device) -> SamplerOutput:
-        """One output from the outputs of consecutive runs of rows, in order; top-n lists
-        padded to the widest (readers slice their own n)."""
-        out = cls(torch.cat([p.tokens for p in parts]), None, None, None, [], {})
-        lp = []  # the parts with logprob rows
-        start = 0
-        for p in parts:
-            out.logprob_rows += [start + j for j in p.logprob_rows]
-            out.failed.update({start + j: e for j, e in p.failed.items()})
-            if p.logprob_rows:
-                lp.append(p)
-            start += p.tokens.shape[0]
-        if not lp:
-            return out
-        out.chosen_logprob = torch.cat([p.chosen_logprob for p in lp])
-        width = max(p.top_ids.shape[1] if p.top_ids is not None else 0 for p in lp)
-        if width:
-            out.top_logprobs = torch.full((len(out.logprob_rows), width), float("-inf"),
-                                          device=device)
-            out.top_ids = torch.zeros((len(out.logprob_rows), width), dtype=torch.int64,
-                                      device=device)
-            k = 0
-            for p in lp:
-                n = len(p.logprob_rows)
-                if p.top_ids is not None:
-                    out.top_logprobs[k:k + n, :p.top_ids.shape[1]] = p.top_logprobs
-                    out.top_ids[k:k + n, :p.top_ids.shape[1]] = p.top_ids
-                k += n
-        return out
-
-    @classmethod
-    def join(cls, parts: list[SamplerOutput | None], failed: dict[int, BaseException],
-             device: torch.device) -> SamplerOutput:
-        """One output from one-row outputs, in order; a row that failed (None) gets token 0
-        and no logprobs. Top-n lists are padded to the widest (readers slice their own n)."""
-        zero = torch.zeros(1, dtype=torch.int64, device=device)
-        tokens = torch.cat([p.tokens if p is not None else zero for p in parts] or [zero[:0]])
-        lp = [j for j, p in enumerate(parts) if p is not None and p.logprob_rows]
-        out = cls(tokens, None, None, None, lp, dict(failed))
-        if not lp:
-            return out
-        out.chosen_logprob = torch.cat([parts[j].chosen_logprob for j in lp])
-        width = max(parts[j].top_ids.shape[1] if parts[j].top_ids is not None else 0
-                    for j in lp)
-        if width:
-            out.top_logprobs = torch.full((len(lp), width), float("-inf"), device=device)
-            out.top_ids = torch.zeros((len(lp), width), dtype=torch.int64, device=device)
-            for k, j in enumerate(lp):
-                if parts[j].top_ids is not None:
-                    n = parts[j].top_ids.shape[1]
-                    out.top_logprobs[k, :n] = parts[j].top_logprobs[0]
-                    out.top_ids[k, :n] = parts[j].top_ids[0]
-        return out
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplerRow], idx: list[int],
@@ -285,50 +112,74 @@ class Sampler:
             rows[i] = dataclasses.replace(rows[i], seed=seed)
         return rows
 
-    def _split(self, logits: SplitLogits, rows: list[SamplerRow]) -> SamplerOutput:
+    @torch.inference_mode()
+    def __call__(self, head: HeadOutput | torch.Tensor, rows: list[SamplerRow]
+                 ) -> SamplerOutput:
+        """A token for each of `rows` from what the LM head gave for them (a plain tensor:
+        every row's logits), with the logprobs the rows ask for."""
+        if not isinstance(head, HeadOutput):
+            return self._sample(head, rows)
+        if head.kind is HeadKind.LOGITS:
+            return self._sample(head.logits, rows)
+        if head.kind is HeadKind.ARGMAXES:
+            if not all(plain_greedy(r) for r in rows):
+                raise ValueError("the model returned argmaxes for rows that sample")
+            return SamplerOutput(head.tokens, None, None, None, [])
+        return self._split(head, rows)
+
+    def _split(self, head: HeadOutput, rows: list[SamplerRow]) -> SamplerOutput:
         """The chosen rows' tokens as the model gave them (plain greedy rows and keyed
         temperature-only ones: `light`), the others sampled from their logits; logprob rows
         and failures indexed by the step's rows."""
-        if len(rows) != logits.shape[0] or not all(
+        if len(rows) != head.shape[0] or not all(
                 light(rows[i]) and (rows[i].params.greedy or rows[i].seed is not None)
-                for i in logits.chosen):
+                for i in head.chosen):
             raise ValueError("the model returned tokens for rows it cannot sample")
         tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
-        tokens[logits.chosen] = logits.tokens.to(self.device)
-        others = logits.others
+        tokens[head.chosen] = head.tokens.to(self.device)
+        others = head.others
         if not others:
             return SamplerOutput(tokens, None, None, None, [])
-        out = self(logits.logits, [rows[i] for i in others])
+        out = self._sample(head.logits, [rows[i] for i in others])
         tokens[others] = out.tokens
         return SamplerOutput(tokens, out.chosen_logprob, out.top_logprobs, out.top_ids,
                              [others[i] for i in out.logprob_rows],
                              {others[i]: e for i, e in out.failed.items()})
 
-    @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor | Argmaxes | SplitLogits, rows: list[SamplerRow]
-                 ) -> SamplerOutput:
-        if isinstance(logits, Argmaxes):
-            if not all(plain_greedy(r) for r in rows):
-                raise ValueError("the model returned argmaxes for rows that sample")
-            return SamplerOutput(logits.tokens, None, None, None, [])
-        if isinstance(logits, SplitLogits):
-            return self._split(logits, rows)
+    def _sample(self, logits: torch.Tensor, rows: list[SamplerRow]) -> SamplerOutput:
+        """Every row sampled from its logits [B, V]: the float32 copies of the rows that need
+        one, edited (`_widened`), each row's token (`_draw`), the logprobs asked for."""
         if all(plain_greedy(r) for r in rows):  # the common fast path: no edits, no copy
             return SamplerOutput(_argmax(logits), None, None, None, [])
         chunk = max(1, SAMPLE_BYTES // (logits.shape[1] * 4))
         if sum(not light(r) for r in rows) > chunk:  # whole-row temporaries, a run at a time
-            return SamplerOutput.cat([self(logits[i:i + chunk], rows[i:i + chunk])
+            return SamplerOutput.cat([self._sample(logits[i:i + chunk], rows[i:i + chunk])
                                       for i in range(0, len(rows), chunk)], self.device)
         rows = self.keyed(rows)
         st = SamplingTensors.build(rows, self.vocab, self.device)
+        fl, pos = self._widened(logits, rows, st)
+        tokens = self._draw(logits, fl, pos, st, len(rows))
+        out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
+        if st.logprob_rows:
+            idx = st.logprob_rows  # from their edited float32 copies, temperature-scaled
+            edited = fl.index_select(0, self._index([pos[i] for i in idx]))
+            lp = torch.log_softmax(edited / st.temperature[idx, None], dim=-1)
+            out.chosen_logprob = lp.gather(1, tokens[idx][:, None])[:, 0]
+            if st.num_logprobs:
+                out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
+        return out
+
+    def _widened(self, logits: torch.Tensor, rows: list[SamplerRow], st: SamplingTensors
+                 ) -> tuple[torch.Tensor | None, dict[int, int]]:
+        """(float32 copies of the rows that are edited, asked for logprobs or filtered past
+        BOUNDED_TOP_K, with their logit bias, suppressed tokens, grammar masks and penalties;
+        each such row's place among them). The other rows are read in the model dtype, which
+        is exact: the widening is monotone and a positive temperature does not reorder a row."""
         # filtering rows with top_k above the bound need their whole row in float32, unless
         # gumbel.c reads the logits as they are (filtering.py `_draw_nucleus`)
         direct = gumbel.readable(logits) and gumbel.nucleus_entry() is not None
         wide_filter = [] if direct else [i for i in st.filter_rows
                                          if int(st.top_k[i]) > BOUNDED_TOP_K]
-        # Only rows that are edited, asked for logprobs or filtered past the bound get a
-        # float32 copy; the others are read in the model dtype, which is exact: the widening
-        # is monotone and a positive temperature does not reorder a row.
         wide = sorted(set(st.edited_rows) | set(st.logprob_rows) | set(wide_filter))
         pos = {r: j for j, r in enumerate(wide)}
         fl = logits.index_select(0, self._index(wide)).float() if wide else None
@@ -341,39 +192,35 @@ class Sampler:
             if r.grammar_bias is not None:
                 fl[pos[i]].add_(r.grammar_bias)
         apply_penalties(fl, rows, st.penalty_rows, pos)
-        temp = st.temperature
+        return fl, pos
 
-        def scaled(idx: list[int]) -> torch.Tensor:  # edited, temperature-scaled, float32
-            return fl.index_select(0, self._index([pos[i] for i in idx])) / temp[idx, None]
-
-        tokens = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+    def _draw(self, logits: torch.Tensor, fl: torch.Tensor | None, pos: dict[int, int],
+              st: SamplingTensors, b: int) -> torch.Tensor:
+        """int64 [b]: each row's token, from its float32 copy in `fl` (row `pos[i]`) where it
+        has one, else from `logits` as they are: greedy rows' argmax, temperature-only
+        rows' keyed Gumbel-max, filtering rows' draw (filtering.py)."""
+        tokens = torch.empty(b, dtype=torch.int64, device=self.device)
         raw_greedy = [i for i in st.greedy_rows if i not in pos]
-        if len(raw_greedy) * 2 >= len(rows):  # most rows: reduce in place, no gathered copy
+        if len(raw_greedy) * 2 >= b:  # most rows: reduce in place, no gathered copy
             tokens[raw_greedy] = _argmax(logits)[raw_greedy]
         elif raw_greedy:
             tokens[raw_greedy] = _argmax(logits.index_select(0, self._index(raw_greedy)))
         wide_greedy = [i for i in st.greedy_rows if i in pos]
         if wide_greedy:
             tokens[wide_greedy] = _argmax(fl.index_select(0, self._index([pos[i] for i in wide_greedy])))
-        if st.temp_rows:  # every one keyed (`_keyed`): hashing only the tokens that can win
+        if st.temp_rows:  # every one keyed (`keyed`): hashing only the tokens that can win
             edited = [i for i in st.temp_rows if i in pos]
             if edited:
                 tokens[edited] = self._seeded_gumbel_max(
                     fl.index_select(0, self._index([pos[i] for i in edited])), st, edited)
             raw = [i for i in st.temp_rows if i not in pos]
             if raw:
-                src = logits if raw == list(range(len(rows))) else logits.index_select(
+                src = logits if raw == list(range(b)) else logits.index_select(
                     0, self._index(raw))
                 tokens[raw] = self._seeded_gumbel_max(src, st, raw)
         if st.filter_rows:
             tokens[st.filter_rows] = draw_filtered(logits, fl, pos, st, self.vocab)
-        out = SamplerOutput(tokens, None, None, None, st.logprob_rows)
-        if st.logprob_rows:
-            lp = torch.log_softmax(scaled(st.logprob_rows), dim=-1)
-            out.chosen_logprob = lp.gather(1, tokens[st.logprob_rows][:, None])[:, 0]
-            if st.num_logprobs:
-                out.top_logprobs, out.top_ids = lp.topk(st.num_logprobs, dim=-1)
-        return out
+        return tokens
 
     def _seeded_gumbel_max(self, logits: torch.Tensor, st: SamplingTensors, idx: list[int]
                            ) -> torch.Tensor:

@@ -179,7 +179,7 @@ class Engine:
         self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
                                   self._forks, self.fail)
         self._ids = itertools.count()
-        self._seq = itertools.count()
+        self._arrivals = itertools.count()
         self._open: list[_Launched] = []  # launched steps not postprocessed yet
         self._scheduling: Batch | None = None  # the batch being prepared, until launched
         # not with overlap: the thread count would change while the worker runs a forward
@@ -267,7 +267,7 @@ class Engine:
             reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
                                 self.max_model_len, seed=seed,
                                 grammar=grammar.new_matcher() if grammar else None,
-                                seq=next(self._seq), group_id=rid))
+                                arrival=next(self._arrivals), group_id=rid))
         self.scheduler.add(reqs[0])
         for r in reqs:
             self.requests[r.request_id] = r

@@ -318,4 +318,4 @@ class Scheduler:
 
 
 def _arrival(req: Request) -> int:
-    return req.seq
+    return req.arrival

@@ -49,10 +49,11 @@ from swaserve.distributed.shard import local_config
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.backend import backend_for
 from swaserve.engine.faults import FaultInjector, KVLost
+from swaserve.engine.forks import ForkGroups
 from swaserve.engine.loading import load_model, plan_kv
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
-from swaserve.engine.request import FinishReason, Request, RequestError
+from swaserve.engine.request import Request, RequestError
 from swaserve.engine.runner import TORCH_DTYPES, ModelRunner
 from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
@@ -169,15 +170,17 @@ class Engine:
                         if self.overlap else None)
         self._inflight: _Launched | None = None
         self.requests: dict[str, Request] = {}
+        self._faults = FaultInjector()
+        self.forks = ForkGroups(self.scheduler)
         self.sample_stage = SampleStage(self.sampler, self.vocab_size, self.device,
-                                        self.eos_token_ids)
-        self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids)
+                                        self.eos_token_ids, self._faults, self.forks)
+        self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids,
+                                      self._faults)
         self.speculator = (NgramSpeculator(config.num_draft_tokens, config.ngram_min,
                                            config.ngram_max, config.speculative_max_rows)
                            if config.speculative == "ngram" else None)
-        self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
         self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
-                                  self._forks, self.fail)
+                                  self.forks)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self._open: list[_Launched] = []  # launched steps not postprocessed yet
@@ -208,17 +211,10 @@ class Engine:
         return self._inflight
 
     @property
-    def faults(self) -> FaultInjector | None:
-        """A test hook (engine/faults.py): stages raise for the requests it names."""
-        return self.output.faults
-
-    @faults.setter
-    def faults(self, value: FaultInjector | None) -> None:
-        self.output.faults = self.sample_stage.faults = value
-
-    def _check_faults(self, stage: str, reqs: list[Request]) -> None:
-        if self.output.faults is not None:
-            self.output.faults.check(stage, [r.request_id for r in reqs])
+    def faults(self) -> FaultInjector:
+        """A test hook (engine/faults.py), handed to the stages that check it: once armed,
+        they raise for the requests it names."""
+        return self._faults
 
     # -- requests --------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -272,8 +268,7 @@ class Engine:
         for r in reqs:
             self.requests[r.request_id] = r
             self.output.add(r)
-        if len(reqs) > 1:
-            self._forks[reqs[0].request_id] = reqs[1:]
+        self.forks.add(reqs)
         return reqs
 
     def _speculates(self, params: SamplingParams) -> bool:
@@ -283,18 +278,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.is_finished:
             return
-        for sib in self._forks.pop(request_id, []):
-            self.scheduler.abort(sib)
-        self.scheduler.abort(req)
-
-    def fail(self, req: Request, error: RequestError) -> None:
-        """End one request with an error (its n > 1 siblings that wait for it too); its
-        memory is freed and nothing else changes."""
-        if req.is_finished:
-            return
-        for sib in [req, *self._forks.pop(req.request_id, [])]:
-            sib.error = error
-            self.scheduler.abort(sib, FinishReason.ERROR)
+        self.forks.abort(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -401,7 +385,7 @@ class Engine:
                              f"{type(err).__name__}: {err}")
         for req in reqs:
             req.in_flight = req.num_pending = 0
-            self.fail(req, error)
+            self.forks.fail(req, error)
         self.scheduler.release_deferred()
         if isinstance(err, KVLost):
             self.cache.evict_all()
@@ -427,7 +411,7 @@ class Engine:
         if prev is not None:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
-        rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
+        rows, owners, failed = self.sample_stage.rows(prepared.sampled)
         # a greedy row needs no logits, only their argmax (the LM head can give those): the
         # whole batch, or its greedy rows beside rows that sample; a keyed row sampled by a
         # temperature alone needs only its few ids that can win (the head's screen)
@@ -451,7 +435,7 @@ class Engine:
         def compute() -> tuple[SamplerOutput, float, float]:
             t1 = time.perf_counter()
             prev_tokens = prev_result.result()[0].tokens if prev_result is not None else None
-            self._check_faults("forward", step_reqs)
+            self._faults.check("forward", (r.request_id for r in step_reqs))
             logits = self.runner.forward(prepared, prev_tokens)
             t2 = time.perf_counter()
             if len(owners) != logits.shape[0]:
@@ -482,7 +466,7 @@ class Engine:
         """Can the step after this one be built before this one's token is read back?"""
         p = req.params
         return (req.grammar is None and not p.stop and not has_penalty(p)
-                and req.request_id not in self._forks)
+                and not self.forks.waiting(req))
 
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> EngineStats:

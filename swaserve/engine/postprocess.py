@@ -2,16 +2,17 @@
 detokenizing, stop checks, grammar advance), n > 1 siblings forked from a prompt that just
 completed, a drafted seq's tokens kept while they equal its draft, and prompt logprobs.
 
-What raises for one request here fails that request only (`fail`, the engine's); the other
-requests of the step get their tokens as if nothing had happened.
+What raises for one request here fails that request only (ForkGroups.fail: with the
+siblings that wait for it); the other requests of the step get their tokens as if nothing
+had happened.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
+from swaserve.engine.forks import ForkGroups
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.sample_stage import Owners
@@ -27,16 +28,12 @@ log = logging.getLogger("swaserve")
 
 class Postprocessor:
     def __init__(self, scheduler: Scheduler, cache: KVCache, output: OutputProcessor,
-                 speculator: NgramSpeculator | None, forks: dict[str, list[Request]],
-                 fail: Callable[[Request, RequestError], None]):
-        """`forks` is the engine's map of parent id -> n > 1 siblings waiting for its prompt
-        (shared, not copied); `fail` ends a request and the siblings that wait for it."""
+                 speculator: NgramSpeculator | None, forks: ForkGroups):
         self.scheduler = scheduler
         self.cache = cache
         self.output = output
         self.speculator = speculator
         self.forks = forks
-        self.fail = fail
 
     @timed("postprocess")
     def run(self, batch: Batch, owners: Owners, out: SamplerOutput,
@@ -135,7 +132,7 @@ class Postprocessor:
     def fail_alone(self, req: Request, err: BaseException) -> None:
         log.error("request %s failed: %s: %s", req.request_id, type(err).__name__, err,
                   exc_info=err)
-        self.fail(req, RequestError(f"processing this request failed: "
+        self.forks.fail(req, RequestError(f"processing this request failed: "
                                     f"{type(err).__name__}: {err}"))
 
     def _accept_draft(self, req: Request, seq: ScheduledSeq, tokens: list[int],
@@ -157,11 +154,7 @@ class Postprocessor:
 
     def _fork(self, parent: Request, child: Request) -> None:
         """Give an n>1 sibling the parent's prompt KV: shared full pages, copied rings."""
-        siblings = self.forks.get(parent.request_id, [])
-        if child in siblings:
-            siblings.remove(child)
-        if not siblings:
-            self.forks.pop(parent.request_id, None)
+        self.forks.forked(parent, child)
         row = self.cache.fork_row(parent.row, parent.num_prompt_tokens)
         if row is not None:
             child.row = row

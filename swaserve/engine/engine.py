@@ -119,12 +119,11 @@ class Engine:
             config = EngineConfig(**overrides)
         elif overrides:
             config = dataclasses.replace(config, **overrides)
-        self.config = config
         threads = threads_per_rank(config)
         torch.set_num_threads(threads)
         # the array library the model runs on (engine/backend.py): torch, or MLX (mlx/)
         self.backend = backend_for(config)
-        config = self.backend.prepare(config)
+        self.config = config = self.backend.prepare(config)  # the config this engine runs
         self.device = self.backend.host_device(config)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
@@ -136,9 +135,10 @@ class Engine:
             self.tp = TensorParallel(config, whole.vocab_size)
         loaded = load_model(config, self.dtype, self.device,
                             self.tp.group if self.tp is not None else None)
-        self.source, self.model_config, self.tokenizer = loaded.source, loaded.config, loaded.tokenizer
+        # the whole model's config; `model.cfg` is this rank's shard of it
+        self.source, self.tokenizer = loaded.source, loaded.tokenizer
+        self.whole_model_config = cfg = loaded.config
         self.model, self.max_model_len = loaded.model, loaded.max_model_len
-        cfg = self.model_config
         self.layout = self.model.cfg.cache_layout()  # a rank's KV heads
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant

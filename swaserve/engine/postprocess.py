@@ -48,32 +48,9 @@ class Postprocessor:
         self.scheduler.release_deferred()
         failed = {**(failed or {}), **out.failed}
         tokens = out.tokens.tolist()  # the one host sync of the step
-        lp_pos = {row: j for j, row in enumerate(out.logprob_rows)}
-        chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
-        top_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        entry = _Logprobs(out).entry
         # forks first: a parent that finishes on this token frees the row its siblings copy
-        parent_of: dict[int, Request] = {}
-        for j, (i, req) in enumerate(owners):
-            if i not in parent_of:
-                parent_of[i] = req
-            elif j not in failed:
-                try:
-                    self._fork(parent_of[i], req)
-                except Exception as e:  # noqa: BLE001 - this sibling fails alone
-                    failed[j] = e
-
-        def entry(j: int, tok: int, n: int) -> dict[int, float] | None:
-            """Sampler row j's logprobs: the chosen token's and the top n."""
-            if chosen is None or j not in lp_pos:
-                return None
-            k = lp_pos[j]
-            out = {tok: chosen[k]}
-            if top_ids is not None:
-                for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
-                    out.setdefault(t, v)
-            return out
-
+        self._fork_siblings(owners, failed)
         drafted = {id(s.request): s for s in batch.seqs if s.draft}
         changed = []
         now = time.monotonic()
@@ -108,6 +85,19 @@ class Postprocessor:
         for req in batch.retracted:
             log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
         return changed
+
+    def _fork_siblings(self, owners: Owners, failed: dict[int, BaseException]) -> None:
+        """Fork each sibling that shares its parent's logits row (SampleStage.rows) and did
+        not fail; one that cannot be forked fails alone (`failed`)."""
+        parent_of: dict[int, Request] = {}
+        for j, (i, req) in enumerate(owners):
+            if i not in parent_of:
+                parent_of[i] = req
+            elif j not in failed:
+                try:
+                    self._fork(parent_of[i], req)
+                except Exception as e:  # noqa: BLE001 - this sibling fails alone
+                    failed[j] = e
 
     def prompt_logprobs(self, score: PromptScore,
                         scored: list[tuple[Request, int, int]]) -> None:
@@ -162,3 +152,24 @@ class Postprocessor:
             self.scheduler.start_running(child)
         else:  # no free row or page now: it prefills on its own later (same tokens, slower)
             self.scheduler.enqueue(child)
+
+
+class _Logprobs:
+    """A step's sampled logprobs, read back to the host once."""
+
+    def __init__(self, out: SamplerOutput):
+        self.pos = {row: j for j, row in enumerate(out.logprob_rows)}
+        self.chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
+        self.top_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        self.top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+
+    def entry(self, j: int, tok: int, n: int) -> dict[int, float] | None:
+        """Sampler row j's logprobs: the chosen token's and the top n."""
+        if self.chosen is None or j not in self.pos:
+            return None
+        k = self.pos[j]
+        out = {tok: self.chosen[k]}
+        if self.top_ids is not None:
+            for t, v in zip(self.top_ids[k][:n], self.top_lp[k][:n]):
+                out.setdefault(t, v)
+        return out

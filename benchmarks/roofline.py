@@ -215,7 +215,7 @@ def main() -> None:
                  kv_memory=f"{max(2, max(args.batches) * 31 // 1024 + 2)}GiB",
                  max_model_len=max(args.prompt_len + args.steps + 2 * max(args.batches) + 40,
                                    1024))
-    cfg = eng.model_config
+    cfg = eng.whole_model_config
     layers_p, head_p = param_counts(eng.model)
     ceil = ceilings(eng.model, threads, weight_bytes)
     log(f"[ceilings] {ceil['bandwidth'] / 1e9:.1f} GB/s, compute {ceil['compute'] / 1e12:.2f} "

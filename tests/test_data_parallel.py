@@ -36,7 +36,7 @@ WORDS = ("river stone cloud paper garden window music field light harbor forest 
 def base():
     from swaserve.config import EngineConfig
     from swaserve.ray.app import build_app
-    from swaserve.server.build import ServerOptions
+    from swaserve.server.factory import ServerOptions
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:

@@ -33,9 +33,10 @@ def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
             for i, p in enumerate(kinds)]
 
 
-def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
+def run(path: str, arm: list[tuple[str, str]] = (), arm_after: int = 0,
         device: str = "cpu", **kw) -> tuple[Engine, list]:
-    """The batch, with `faults` armed after `arm_after` steps. On the CPU in batch-invariant
+    """The batch, with the engine's faults armed at `arm` (stage, request id) pairs after
+    `arm_after` steps. On the CPU in batch-invariant
     mode: a failed row leaves its neighbours in a smaller batch, and the CPU's BLAS rounds
     some rows of a float32 batch of 7 differently from the same rows in a batch of 8 (AMD
     Zen 5's MKL does), so only that mode can promise the very bits of the healthy run. (MLX
@@ -48,7 +49,8 @@ def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
     steps = 0
     while eng.has_unfinished():
         if steps == arm_after:
-            eng.faults = faults
+            for stage, victim in arm:
+                eng.faults.arm(stage, victim)
         eng.step()
         eng.check_integrity()
         steps += 1
@@ -70,9 +72,8 @@ def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
 def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_after, overlap,
                                       device):
     _, clean = run(tiny_with_tokenizer, overlap=overlap, device=device)
-    faults = FaultInjector()
-    faults.arm(stage, victim)
-    eng, hurt = run(tiny_with_tokenizer, faults, arm_after, overlap=overlap, device=device)
+    eng, hurt = run(tiny_with_tokenizer, [(stage, victim)], arm_after, overlap=overlap,
+                    device=device)
     for a, b in zip(clean, hurt):
         if a.request_id == victim:
             assert b.finish_reason is FinishReason.ERROR
@@ -90,16 +91,16 @@ def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_af
                                              pytest.param(True, "mlx", marks=MLX)])
 def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_tokenizer, overlap,
                                                                  device):
-    faults = FaultInjector()
-    faults.arm("forward", "r3")  # no request can be blamed for a forward's failure
-    eng, reqs = run(tiny_with_tokenizer, faults, arm_after=2, overlap=overlap, device=device)
+    # no request can be blamed for a forward's failure
+    eng, reqs = run(tiny_with_tokenizer, [("forward", "r3")], arm_after=2, overlap=overlap,
+                    device=device)
     failed = [r for r in reqs if r.finish_reason is FinishReason.ERROR]
     assert failed and all("engine step" in r.error.message for r in failed)
     assert any(r.request_id == "r3" for r in failed)
     eng.check_integrity()
     assert eng.cache.is_fully_free()
     # the engine still serves, and exactly as a fresh one does
-    eng.faults = None
+    eng.faults.disarm()
     prompt, params = batch_of_8(eng.vocab_size)[2]
     again = eng.add_request(prompt, params, request_id="after")[0]
     while eng.has_unfinished():
@@ -113,9 +114,7 @@ def test_the_offline_api_reports_the_failed_request(tiny_with_tokenizer):
     from swaserve import LLM
 
     llm = LLM(tiny_with_tokenizer, dtype="float32", kv_memory="16MiB", max_running_requests=4)
-    faults = FaultInjector()
-    faults.arm("sampler", "req-1")
-    llm.engine.faults = faults
+    llm.engine.faults.arm("sampler", "req-1")
     outs = llm.generate([[5, 6, 7], [8, 9, 10], [11, 12]],
                         SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [o.finish_reason for o in outs] == ["length", "error", "length"]
@@ -150,12 +149,11 @@ def test_rows_without_a_seed_keep_their_tokens_when_a_neighbour_fails_the_sample
     reqs = [Request(f"q{i}", [1, 2], SamplingParams(**kinds[i % 3]), 64) for i in range(9)]
     logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(4)) * 2
     stage = SampleStage(Sampler(vocab, torch.device("cpu"), seed=3), vocab,
-                        torch.device("cpu"), frozenset())
-    rows, owners, failed = stage.rows([ScheduledSeq(r, 0, 2, True) for r in reqs], {})
+                        torch.device("cpu"), frozenset(), FaultInjector())
+    rows, owners, failed = stage.rows([ScheduledSeq(r, 0, 2, True) for r in reqs])
     assert not failed and [r for _, r in owners] == reqs
     assert all(r.seed is not None for r in rows if not r.params.greedy)
     whole = stage.sample(logits.clone(), rows, owners).tokens
-    stage.faults = FaultInjector()
     stage.faults.arm("sampler", "q4")
     hurt = stage.sample(logits.clone(), rows, owners)
     assert set(hurt.failed) == {4}

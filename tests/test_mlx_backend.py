@@ -142,3 +142,14 @@ def test_bundled_model_answers_on_mlx():
              for llm in llms.values()]
     assert "Paris" in texts[0] or "capital" in texts[0]
     assert texts[0].split()[:3] == texts[1].split()[:3]
+
+
+def test_both_backends_have_every_member_of_the_backend_protocol():
+    from swaserve.engine.backend import Backend, TorchBackend
+    from swaserve.mlx.backend import MLXBackend
+
+    members = {m for m in vars(Backend) if not m.startswith("_")} | set(Backend.__annotations__)
+    assert members == {"kv_device", "torch_threads", "prepare", "host_device", "model",
+                       "sampler", "to_host", "end_step", "overlaps_by_default"}
+    for cls in (TorchBackend, MLXBackend):
+        assert all(hasattr(cls, m) for m in members), cls

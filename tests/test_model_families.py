@@ -129,7 +129,7 @@ def check_against_reference(path, ref, n_prompts=3):
 def test_llama3_matches_transformers_and_has_no_window_pool(llama):
     eng = check_against_reference(*llama)
     assert eng.cache.window is None and eng.cache.full is not None
-    assert eng.model_config.rope_scaling["rope_type"] == "llama3"
+    assert eng.whole_model_config.rope_scaling["rope_type"] == "llama3"
 
 
 def test_qwen3_matches_transformers(qwen3):

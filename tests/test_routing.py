@@ -23,7 +23,7 @@ from swaserve.ray.routing import (
     prompt_text,
     request_blocks,
 )
-from swaserve.server.build import ServerOptions
+from swaserve.server.factory import ServerOptions
 
 
 def test_prompt_text_of_every_body_shape():

@@ -12,7 +12,6 @@ from conftest import TINY_WINDOW as W
 from conftest import random_prompt, tiny_engine, use_int8_copies
 
 from swaserve.engine import speculative
-from swaserve.engine.faults import FaultInjector
 from swaserve.engine.speculative import CostGate, NgramIndex
 from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
@@ -344,7 +343,6 @@ def test_a_fault_in_a_drafted_request_fails_it_alone(tiny_with_tokenizer):
     work = workload(300, structured=True)
     off, _, _ = run(tiny_with_tokenizer, None, work, late=1)
     eng = spec_engine(tiny_with_tokenizer, speculative="ngram")
-    eng.faults = FaultInjector()
     groups = [eng.add_request(*w) for w in work]
     victim = groups[9][0]  # a regex row with drafts
     states = eng.speculator.stats.states

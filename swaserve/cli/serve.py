@@ -14,7 +14,7 @@ import uvicorn
 
 from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
-from swaserve.server.build import ServerOptions
+from swaserve.server.factory import ServerOptions
 
 log = logging.getLogger("swaserve")
 
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return serve_on_ray(config, options, host=args.host, port=args.port,
                             num_replicas=args.data_parallel_size, address=args.ray_address,
                             routing=args.routing, replica_cpus=args.replica_cpus)
-    from swaserve.server.build import build_server
+    from swaserve.server.factory import build_server
 
     server = build_server(config, options)
     aengine, app, name = server.aengine, server.app, server.model_name

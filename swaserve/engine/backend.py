@@ -4,7 +4,8 @@ The scheduler, the KV bookkeeping (rows, page tables, ring positions, the prefix
 planner and the sample stage are backend-free Python over torch CPU index tensors; a
 backend turns the loaded model and the KVCache's layout into its own arrays, runs the
 forward over the runner's ForwardContext and samples from what its LM head returns
-(models/head.py HeadOutput):
+(models/head.py HeadOutput). The `Backend` Protocol has nine members, two attributes and
+seven methods:
 
 - `prepare(config)`: the config it runs (or a ValueError naming what it cannot do);
 - `host_device(config)`: where the index tables, the sampler's inputs and the torch
@@ -22,16 +23,41 @@ forward over the runner's ForwardContext and samples from what its LM head retur
   forward keeps busy); `torch_threads`: whether the forward runs on torch's CPU threads
   (the ThreadGovernor then adapts their count).
 
-TorchBackend is the default and the identity; device="mlx" takes mlx/backend.py's.
+TorchBackend is the default and the identity; device="mlx" takes mlx/backend.py's
+MLXBackend.
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
+from swaserve.checkpoint.source import ModelSource
 from swaserve.config import EngineConfig
 from swaserve.memory.kv_cache import KVCache
 from swaserve.sampling.sampler import Sampler
+
+
+class Backend(Protocol):
+    """The array library a model runs on (the module docstring says what each member is)."""
+
+    kv_device: str | None
+    torch_threads: bool
+
+    def prepare(self, config: EngineConfig) -> EngineConfig: ...
+
+    def host_device(self, config: EngineConfig) -> torch.device: ...
+
+    def model(self, model: Any, cache: KVCache, source: ModelSource) -> Any: ...
+
+    def sampler(self, vocab_size: int, device: torch.device, seed: int) -> Any: ...
+
+    def to_host(self, logits: Any) -> torch.Tensor: ...
+
+    def end_step(self) -> None: ...
+
+    def overlaps_by_default(self, device: torch.device) -> bool: ...
 
 
 class TorchBackend:
@@ -49,7 +75,7 @@ class TorchBackend:
     def host_device(self, config: EngineConfig) -> torch.device:
         return torch.device(config.device)
 
-    def model(self, model, cache: KVCache, source):
+    def model(self, model, cache: KVCache, source: ModelSource):
         return model
 
     def sampler(self, vocab_size: int, device: torch.device, seed: int):
@@ -62,7 +88,7 @@ class TorchBackend:
         pass
 
 
-def backend_for(config: EngineConfig):
+def backend_for(config: EngineConfig) -> Backend:
     if config.device == "mlx":
         from swaserve.mlx.backend import MLXBackend
         return MLXBackend()

@@ -32,12 +32,11 @@ the batch gets exactly the tokens it would have got. A fault no request can be b
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -49,68 +48,27 @@ from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.backend import backend_for
 from swaserve.engine.faults import FaultInjector
+from swaserve.engine.forks import ForkGroups
+from swaserve.engine.intake import Intake
+from swaserve.engine.launch import Launched, StepCompute, head_hints, run_now
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
-from swaserve.engine.request import FinishReason, Request, RequestError
+from swaserve.engine.request import Request, RequestError
 from swaserve.engine.runner import ModelRunner
 from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Batch, Scheduler
 from swaserve.engine.speculative import NgramSpeculator
+from swaserve.engine.stats import EngineStats, StepStats
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache, KVLost
 from swaserve.memory.planner import plan_kv
-from swaserve.models.context import PromptScore
 from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
-from swaserve.sampling.output import SamplerOutput
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.rows import has_penalty, keyed_rows, plain_greedy
+from swaserve.sampling.rows import has_penalty
 
 log = logging.getLogger("swaserve")
-
-
-@dataclass
-class StepStats:
-    num_tokens: int
-    num_seqs: int
-    seconds: float
-    forward_seconds: float
-    sample_seconds: float  # exact on CPU, where kernels run synchronously
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """What the engine holds right now (the server's gauges read this, not the pools)."""
-
-    num_running: int
-    num_waiting: int
-    num_preemptions: int  # since the engine started
-    rows_used: int
-    rows_total: int
-    full_pages_used: int
-    full_pages_total: int
-    request_pages: int  # full pages held by requests (the rest is the prefix cache's)
-    prefix_cache_pages: int
-    kv_bytes: dict[str, tuple[int, int]]  # pool -> (used, free), as KVCache.usage
-    draft_tokens: tuple[int, int] = (0, 0)  # speculative tokens (verified, accepted) so far
-
-
-@dataclass
-class _Launched:
-    """A step handed to the forward: its batch, its sampler rows' owners and its result
-    ((SamplerOutput, forward seconds, sample seconds), or a Future of it)."""
-
-    batch: Batch
-    owners: list[tuple[int, Request]]
-    result: Future | tuple[SamplerOutput, float, float]
-    chain_safe: bool
-    failed: dict[int, BaseException]  # owner index -> what failed for it before sampling
-    scored: list[tuple[Request, int, int]]  # prompt rows scored (PreparedBatch.scored)
-    score: PromptScore | None  # their logprobs, once the forward has run
-
-    def wait(self) -> tuple[SamplerOutput, float, float]:
-        return self.result.result() if isinstance(self.result, Future) else self.result
 
 
 class Engine:
@@ -120,27 +78,45 @@ class Engine:
             config = EngineConfig(**overrides)
         elif overrides:
             config = dataclasses.replace(config, **overrides)
-        self.config = config
         threads = threads_per_rank(config)
         torch.set_num_threads(threads)
         # the array library the model runs on (engine/backend.py): torch, or MLX (mlx/)
         self.backend = backend_for(config)
-        config = self.backend.prepare(config)
+        self.config = config = self.backend.prepare(config)  # the config this engine runs
         self.device = self.backend.host_device(config)
         self.dtype = TORCH_DTYPES[config.dtype]
         t0 = time.monotonic()
-        # tensor parallelism: this process is rank 0 and holds one shard of everything
-        self.tp = None
+        self._load(config)
+        self._build_memory(config)
+        self._build_stages(config)
+        self._build_step_loop(config, threads)
+        self.load_seconds = time.monotonic() - t0
+        self.last_step: StepStats | None = None
+        # diagnostics: when a list, every sampled logits row is appended as
+        # (request_id, position, float32 logits); tests compare them to a reference
+        self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
+        # EngineConfig.profile or SWASERVE_PROFILE=1: each part's time (swaserve/profile.py)
+        self.profile = profile.start() if config.profile or profile.requested() else None
+
+    def _load(self, config: EngineConfig) -> None:
+        """The tensor-parallel ranks (if any), the checkpoint, its tokenizer and this rank's
+        model. `whole_model_config` is the whole model's; `model.cfg` this rank's shard."""
+        self.tp = None  # tensor parallelism: this process is rank 0 and holds one shard
         if config.tensor_parallel_size > 1:
             whole = resolve_model(config.model).model_config()
             local_config(whole, config.tensor_parallel_size)  # fails before any rank starts
             self.tp = TensorParallel(config, whole.vocab_size)
         loaded = load_model(config, self.dtype, self.device,
                             self.tp.group if self.tp is not None else None)
-        self.source, self.model_config, self.tokenizer = loaded.source, loaded.config, loaded.tokenizer
+        self.source, self.tokenizer = loaded.source, loaded.tokenizer
+        self.whole_model_config = loaded.config
         self.model, self.max_model_len = loaded.model, loaded.max_model_len
-        cfg = self.model_config
-        self.layout = self.model.cfg.cache_layout()  # a rank's KV heads
+        self.vocab_size = self.whole_model_config.vocab_size
+
+    def _build_memory(self, config: EngineConfig) -> None:
+        """The KV plan and cache for this rank's KV heads, and the model the backend runs
+        over them."""
+        self.layout = self.model.cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
@@ -152,11 +128,14 @@ class Engine:
         if self.tp is not None:
             self.cache.copy_log = []
             self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)
+
+    def _build_stages(self, config: EngineConfig) -> None:
+        """The step's stages: scheduler, runner, sampling, postprocess; and the intake."""
+        cfg = self.whole_model_config
         self.runner = ModelRunner(self.model, cfg, self.cache, self.device,
                                   batch_invariant=config.batch_invariant, tp=self.tp)
         self.scheduler = Scheduler(self.cache, config.chunk_size,
                                    aligned_chunks=config.batch_invariant)
-        self.vocab_size = cfg.vocab_size
         self.sampler = self.backend.sampler(self.vocab_size, self.device, config.seed)
         eos = set(cfg.eos_token_ids)
         if self.tokenizer is not None:
@@ -164,25 +143,32 @@ class Engine:
         self.eos_token_ids = frozenset(eos)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(eos),
                                         json_bounds=config.json_bounds)
+        self.requests: dict[str, Request] = {}
+        self._faults = FaultInjector()
+        self.forks = ForkGroups(self.scheduler)
+        self.sample_stage = SampleStage(self.sampler, self.vocab_size, self.device,
+                                        self.eos_token_ids, self._faults, self.forks)
+        self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids,
+                                      self._faults)
+        self.speculator = (NgramSpeculator(config.num_draft_tokens, config.ngram_min,
+                                           config.ngram_max, config.speculative_max_rows)
+                           if config.speculative == "ngram" else None)
+        self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
+                                  self.forks)
+        self._compute = StepCompute(self.runner, self.sample_stage, self.backend,
+                                    self._faults)
+        self.intake = Intake(self.tokenizer, self.vocab_size, self.max_model_len,
+                             self.grammars, self.sampler, self.speculator is not None)
+
+    def _build_step_loop(self, config: EngineConfig, threads: int) -> None:
+        """Overlap scheduling's worker and in-flight steps, and the thread governor."""
         # on a CPU the host work would take a core from the forward's threads
         self.overlap = (config.overlap if config.overlap is not None
                         else self.backend.overlaps_by_default(self.device) and self.tp is None)
         self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
                         if self.overlap else None)
-        self._inflight: _Launched | None = None
-        self.requests: dict[str, Request] = {}
-        self.sample_stage = SampleStage(self.sampler, self.vocab_size, self.device,
-                                        self.eos_token_ids)
-        self.output = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids)
-        self.speculator = (NgramSpeculator(config.num_draft_tokens, config.ngram_min,
-                                           config.ngram_max, config.speculative_max_rows)
-                           if config.speculative == "ngram" else None)
-        self._forks: dict[str, list[Request]] = {}  # parent id -> siblings waiting for its prompt
-        self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
-                                  self._forks, self.fail)
-        self._ids = itertools.count()
-        self._seq = itertools.count()
-        self._open: list[_Launched] = []  # launched steps not postprocessed yet
+        self._inflight: Launched | None = None
+        self._open: list[Launched] = []  # launched steps not postprocessed yet
         self._scheduling: Batch | None = None  # the batch being prepared, until launched
         # not with overlap: the thread count would change while the worker runs a forward
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
@@ -190,13 +176,6 @@ class Engine:
                          and not config.batch_invariant
                          and not self.overlap and not os.environ.get(FIXED_THREADS_ENV)
                          and self.tp is None else None)
-        self.load_seconds = time.monotonic() - t0
-        self.last_step: StepStats | None = None
-        # diagnostics: when a list, every sampled logits row is appended as
-        # (request_id, position, float32 logits); tests compare them to a reference
-        self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
-        # EngineConfig.profile or SWASERVE_PROFILE=1: each part's time (swaserve/profile.py)
-        self.profile = profile.start() if config.profile or profile.requested() else None
 
     def close(self) -> None:
         """Stop what this engine started beside its own thread (tensor-parallel ranks)."""
@@ -204,45 +183,26 @@ class Engine:
             self.tp.close()
 
     @property
-    def step_in_flight(self) -> _Launched | None:
+    def step_in_flight(self) -> Launched | None:
         """With overlap: the step launched and still computing (its `batch`, `owners` and
         whether it was `chain_safe`), else None."""
         return self._inflight
 
     @property
-    def faults(self) -> FaultInjector | None:
-        """A test hook (engine/faults.py): stages raise for the requests it names."""
-        return self.output.faults
-
-    @faults.setter
-    def faults(self, value: FaultInjector | None) -> None:
-        self.output.faults = self.sample_stage.faults = value
-
-    def _check_faults(self, stage: str, reqs: list[Request]) -> None:
-        if self.output.faults is not None:
-            self.output.faults.check(stage, [r.request_id for r in reqs])
+    def faults(self) -> FaultInjector:
+        """A test hook (engine/faults.py), handed to the stages that check it: once armed,
+        they raise for the requests it names."""
+        return self._faults
 
     # -- requests --------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: this model has no tokenizer files; pass token ids")
-            return self.tokenizer.encode(prompt)
-        if not isinstance(prompt, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ValueError("prompt: must be a string or a list of token ids")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary "
-                             f"(0..{self.vocab_size - 1})")
-        return list(prompt)
+        return self.intake.tokenize(prompt)
 
     def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
         """The compiled grammar `params` asks for (cached), or None. Raises ValueError naming
         the parameter for a malformed schema, regex or grammar. Thread-safe: the server
         calls it off the engine loop before it queues the request."""
-        spec = params.structured
-        return None if spec is None else self.grammars.compile(*spec)
+        return self.intake.compile_grammar(params)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None,
@@ -250,53 +210,20 @@ class Engine:
         """Queue a prompt; returns its n completions' requests (all must finish). Raises
         ValueError naming the parameter (token ids against this vocabulary, the prompt,
         the request id); SamplingParams checked the rest when it was made."""
-        params = params or SamplingParams()
-        params.check_token_ids(self.vocab_size)
-        ids = self.tokenize(prompt)
-        if grammar is None:
-            grammar = self.compile_grammar(params)
-        rid = request_id or f"req-{next(self._ids)}"
-        if rid in self.requests:
-            raise ValueError(f"request_id: {rid!r} is already in use")
-        reqs = []
-        for i in range(params.n):
-            seed = None if params.seed is None else (params.seed + i) % 2**64
-            if seed is None and self._speculates(params):
-                # drafts are verified against the token a seeded row would sample: an
-                # unseeded one draws its seed (its distribution does not change)
-                seed = int(torch.randint(0, 2**62, (1,), generator=self.sampler.generator,
-                                         device=self.sampler.generator.device))
-            reqs.append(Request(f"{rid}-{i}" if params.n > 1 else rid, ids, params,
-                                self.max_model_len, seed=seed,
-                                grammar=grammar.new_matcher() if grammar else None,
-                                seq=next(self._seq), group_id=rid))
+        reqs = self.intake.requests(prompt, params or SamplingParams(), request_id, grammar,
+                                    self.requests)
         self.scheduler.add(reqs[0])
         for r in reqs:
             self.requests[r.request_id] = r
             self.output.add(r)
-        if len(reqs) > 1:
-            self._forks[reqs[0].request_id] = reqs[1:]
+        self.forks.add(reqs)
         return reqs
-
-    def _speculates(self, params: SamplingParams) -> bool:
-        return self.speculator is not None and params.speculative and not params.greedy
 
     def abort(self, request_id: str) -> None:
         req = self.requests.get(request_id)
         if req is None or req.is_finished:
             return
-        for sib in self._forks.pop(request_id, []):
-            self.scheduler.abort(sib)
-        self.scheduler.abort(req)
-
-    def fail(self, req: Request, error: RequestError) -> None:
-        """End one request with an error (its n > 1 siblings that wait for it too); its
-        memory is freed and nothing else changes."""
-        if req.is_finished:
-            return
-        for sib in [req, *self._forks.pop(req.request_id, [])]:
-            sib.error = error
-            self.scheduler.abort(sib, FinishReason.ERROR)
+        self.forks.abort(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None
@@ -363,7 +290,7 @@ class Engine:
             self._inflight = self._launch(None)  # computes while the caller streams these
         return changed
 
-    def _finish(self, step: _Launched, t0: float) -> list[Request]:
+    def _finish(self, step: Launched, t0: float) -> list[Request]:
         out, forward_s, sample_s = step.wait()
         if step.scored:
             self.post.prompt_logprobs(step.score, step.scored)
@@ -403,7 +330,7 @@ class Engine:
                              f"{type(err).__name__}: {err}")
         for req in reqs:
             req.in_flight = req.num_pending = 0
-            self.fail(req, error)
+            self.forks.fail(req, error)
         self.scheduler.release_deferred()
         if isinstance(err, KVLost):
             self.cache.evict_all()
@@ -411,16 +338,10 @@ class Engine:
         self.last_step = StepStats(0, len(reqs), 0.0, 0.0, 0.0)  # it ended them: not stalled
         return reqs
 
-    def _launch(self, prev: _Launched | None) -> _Launched | None:
+    def _launch(self, prev: Launched | None) -> Launched | None:
         """Schedule and prepare a step and hand it to the forward. `prev` is the step still
         in flight, whose sampled tokens are this step's decode inputs."""
-        drafts = None
-        if self.speculator is not None:
-            try:
-                drafts = self.speculator.drafts(self.scheduler.running)
-            except Exception as e:  # noqa: BLE001 - drafts only save time: go on without
-                log.error("speculative drafts failed, this step has none: %s", e, exc_info=e)
-        batch = self.scheduler.schedule(can_retract=prev is None, drafts=drafts,
+        batch = self.scheduler.schedule(can_retract=prev is None, drafts=self._drafts(),
                                         max_decode_rows=self._max_decode_rows)
         if not batch.seqs:
             return None
@@ -429,17 +350,9 @@ class Engine:
         if prev is not None:
             pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
         prepared = self.runner.prepare(batch, pending)
-        rows, owners, failed = self.sample_stage.rows(prepared.sampled, self._forks)
-        # a greedy row needs no logits, only their argmax (the LM head can give those): the
-        # whole batch, or its greedy rows beside rows that sample; a keyed row sampled by a
-        # temperature alone needs only its few ids that can win (the head's screen)
-        greedy = [i for i, r in enumerate(rows) if plain_greedy(r)]
+        rows, owners, failed = self.sample_stage.rows(prepared.sampled)
         if self.logits_log is None and len(owners) == len(prepared.ctx.logits_indices):
-            prepared.ctx.argmax_only = len(greedy) == len(rows)
-            if 0 < len(greedy) < len(rows):
-                prepared.ctx.argmax_rows = greedy
-            if len(greedy) < len(rows) and self.model.draws_keyed_rows:
-                prepared.ctx.keyed = keyed_rows(rows, self.device)
+            head_hints(prepared.ctx, rows, self.device, self.model.draws_keyed_rows)
         for s in batch.seqs:  # a draft's positions count once accepted (postprocess)
             s.request.num_computed_tokens += s.num_known
             s.request.in_flight += 1
@@ -447,33 +360,24 @@ class Engine:
             s.request.num_pending += 1
         chain_safe = self.overlap and not batch.blocked and all(
             self._chains(s.request) and not s.draft for s in prepared.sampled)
-        prev_result = prev.result if prev is not None else None
-        step_reqs = [s.request for s in batch.seqs]
-
-        def compute() -> tuple[SamplerOutput, float, float]:
-            t1 = time.perf_counter()
-            prev_tokens = prev_result.result()[0].tokens if prev_result is not None else None
-            self._check_faults("forward", step_reqs)
-            head = self.runner.forward(prepared, prev_tokens)
-            t2 = time.perf_counter()
-            if len(owners) != head.shape[0]:
-                head = head[[o[0] for o in owners]]
-            if self.logits_log is not None:  # then the step asked the head for logits alone
-                # copies: the next forward may reuse the logits' buffer (LMHead.logits)
-                host = self.backend.to_host(head.logits)
-                for (_, req), row, lg in zip(owners, rows, host):
-                    self.logits_log.append((req.request_id, row.position,
-                                            lg.detach().float().cpu().clone()))
-            out = self.sample_stage.sample(head, rows, owners)
-            self.backend.end_step()
-            return out, t2 - t1, time.perf_counter() - t2
-
-        result = self._worker.submit(compute) if self._worker is not None else _run_now(compute)
-        launched = _Launched(batch, owners, result, chain_safe, failed, prepared.scored,
-                             prepared.ctx.score)
+        compute = functools.partial(self._compute, prepared, rows, owners,
+                                    prev.result if prev is not None else None,
+                                    [s.request for s in batch.seqs], self.logits_log)
+        result = self._worker.submit(compute) if self._worker is not None else run_now(compute)
+        launched = Launched(batch, owners, result, chain_safe, failed, prepared.scored,
+                            prepared.ctx.score)
         self._open.append(launched)
         self._scheduling = None
         return launched
+
+    def _drafts(self) -> dict[str, list[int]] | None:
+        if self.speculator is None:
+            return None
+        try:
+            return self.speculator.drafts(self.scheduler.running)
+        except Exception as e:  # noqa: BLE001 - drafts only save time: go on without
+            log.error("speculative drafts failed, this step has none: %s", e, exc_info=e)
+            return None
 
     def _max_decode_rows(self, decodes: int) -> int:
         """Rows a decode step of `decodes` seqs may grow to with drafts: each row keeps the
@@ -484,31 +388,14 @@ class Engine:
         """Can the step after this one be built before this one's token is read back?"""
         p = req.params
         return (req.grammar is None and not p.stop and not has_penalty(p)
-                and req.request_id not in self._forks)
+                and not self.forks.waiting(req))
 
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        sched, cache = self.scheduler, self.cache
-        spec = self.speculator.stats if self.speculator is not None else None
-        return EngineStats(
-            len(sched.running), len(sched.waiting), sched.num_preemptions,
-            cache.rows.num_rows - cache.rows.num_free, cache.rows.num_rows,
-            cache.num_total_pages - cache.num_free_pages, cache.num_total_pages,
-            len({p for pages in cache.row_pages.values() for p in pages}),
-            cache.prefix.num_nodes if cache.prefix is not None else 0, cache.usage(),
-            (spec.proposed, spec.accepted) if spec is not None else (0, 0))
+        return EngineStats.of(self.scheduler, self.cache, self.speculator)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()
         for r in self.requests.values():
             r.check()
 
-
-def _run_now(compute):
-    """Run a step's compute on this thread: its result, or a Future holding its exception."""
-    try:
-        return compute()
-    except Exception as e:  # noqa: BLE001 - raised again by _Launched.wait
-        failed: Future = Future()
-        failed.set_exception(e)
-        return failed

@@ -19,7 +19,8 @@ class InjectedFault(RuntimeError):
 
 @dataclass
 class FaultInjector:
-    """`arm(stage, request_id)`: that stage raises whenever it handles that request."""
+    """`arm(stage, request_id)`: that stage raises whenever it handles that request. The
+    engine makes one and hands it to the stages that check it (`Engine.faults`)."""
 
     armed: dict[str, set[str]] = field(default_factory=dict)
 
@@ -28,7 +29,12 @@ class FaultInjector:
             raise ValueError(f"stage: expected one of {', '.join(STAGES)}, got {stage!r}")
         self.armed.setdefault(stage, set()).add(request_id)
 
+    def disarm(self) -> None:
+        self.armed.clear()
+
     def check(self, stage: str, request_ids: Iterable[str]) -> None:
+        if not self.armed:
+            return
         hit = self.armed.get(stage, set()).intersection(request_ids)
         if hit:
             raise InjectedFault(f"injected {stage} fault for {', '.join(sorted(hit))}")

@@ -21,11 +21,11 @@ log = logging.getLogger("swaserve")
 
 class OutputProcessor:
     def __init__(self, scheduler: Scheduler, tokenizer: Tokenizer | None,
-                 eos_token_ids: frozenset[int]):
+                 eos_token_ids: frozenset[int], faults: FaultInjector):
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.faults: FaultInjector | None = None  # set by tests: see engine/faults.py
+        self.faults = faults  # a test hook: see engine/faults.py
         self._detok: dict[str, IncrementalDetokenizer] = {}
 
     def add(self, req: Request) -> None:
@@ -49,8 +49,7 @@ class OutputProcessor:
             self._advance_grammar(req, tok)
 
     def _check(self, stage: str, req: Request) -> None:
-        if self.faults is not None:
-            self.faults.check(stage, [req.request_id])
+        self.faults.check(stage, (req.request_id,))
 
     def _advance_grammar(self, req: Request, tok: int) -> None:
         self._check("grammar", req)

@@ -2,16 +2,17 @@
 detokenizing, stop checks, grammar advance), n > 1 siblings forked from a prompt that just
 completed, a drafted seq's tokens kept while they equal its draft, and prompt logprobs.
 
-What raises for one request here fails that request only (`fail`, the engine's); the other
-requests of the step get their tokens as if nothing had happened.
+What raises for one request here fails that request only (ForkGroups.fail: with the
+siblings that wait for it); the other requests of the step get their tokens as if nothing
+had happened.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
+from swaserve.engine.forks import ForkGroups
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.sample_stage import Owners
@@ -27,16 +28,12 @@ log = logging.getLogger("swaserve")
 
 class Postprocessor:
     def __init__(self, scheduler: Scheduler, cache: KVCache, output: OutputProcessor,
-                 speculator: NgramSpeculator | None, forks: dict[str, list[Request]],
-                 fail: Callable[[Request, RequestError], None]):
-        """`forks` is the engine's map of parent id -> n > 1 siblings waiting for its prompt
-        (shared, not copied); `fail` ends a request and the siblings that wait for it."""
+                 speculator: NgramSpeculator | None, forks: ForkGroups):
         self.scheduler = scheduler
         self.cache = cache
         self.output = output
         self.speculator = speculator
         self.forks = forks
-        self.fail = fail
 
     @timed("postprocess")
     def run(self, batch: Batch, owners: Owners, out: SamplerOutput,
@@ -51,32 +48,9 @@ class Postprocessor:
         self.scheduler.release_deferred()
         failed = {**(failed or {}), **out.failed}
         tokens = out.tokens.tolist()  # the one host sync of the step
-        lp_pos = {row: j for j, row in enumerate(out.logprob_rows)}
-        chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
-        top_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        entry = _Logprobs(out).entry
         # forks first: a parent that finishes on this token frees the row its siblings copy
-        parent_of: dict[int, Request] = {}
-        for j, (i, req) in enumerate(owners):
-            if i not in parent_of:
-                parent_of[i] = req
-            elif j not in failed:
-                try:
-                    self._fork(parent_of[i], req)
-                except Exception as e:  # noqa: BLE001 - this sibling fails alone
-                    failed[j] = e
-
-        def entry(j: int, tok: int, n: int) -> dict[int, float] | None:
-            """Sampler row j's logprobs: the chosen token's and the top n."""
-            if chosen is None or j not in lp_pos:
-                return None
-            k = lp_pos[j]
-            out = {tok: chosen[k]}
-            if top_ids is not None:
-                for t, v in zip(top_ids[k][:n], top_lp[k][:n]):
-                    out.setdefault(t, v)
-            return out
-
+        self._fork_siblings(owners, failed)
         drafted = {id(s.request): s for s in batch.seqs if s.draft}
         changed = []
         now = time.monotonic()
@@ -112,6 +86,19 @@ class Postprocessor:
             log.debug("retracted %s (preemption %d)", req.request_id, req.num_preemptions)
         return changed
 
+    def _fork_siblings(self, owners: Owners, failed: dict[int, BaseException]) -> None:
+        """Fork each sibling that shares its parent's logits row (SampleStage.rows) and did
+        not fail; one that cannot be forked fails alone (`failed`)."""
+        parent_of: dict[int, Request] = {}
+        for j, (i, req) in enumerate(owners):
+            if i not in parent_of:
+                parent_of[i] = req
+            elif j not in failed:
+                try:
+                    self._fork(parent_of[i], req)
+                except Exception as e:  # noqa: BLE001 - this sibling fails alone
+                    failed[j] = e
+
     def prompt_logprobs(self, score: PromptScore,
                         scored: list[tuple[Request, int, int]]) -> None:
         """Hand each scored prompt row's logprobs to its request (by position: a prompt
@@ -135,7 +122,7 @@ class Postprocessor:
     def fail_alone(self, req: Request, err: BaseException) -> None:
         log.error("request %s failed: %s: %s", req.request_id, type(err).__name__, err,
                   exc_info=err)
-        self.fail(req, RequestError(f"processing this request failed: "
+        self.forks.fail(req, RequestError(f"processing this request failed: "
                                     f"{type(err).__name__}: {err}"))
 
     def _accept_draft(self, req: Request, seq: ScheduledSeq, tokens: list[int],
@@ -157,11 +144,7 @@ class Postprocessor:
 
     def _fork(self, parent: Request, child: Request) -> None:
         """Give an n>1 sibling the parent's prompt KV: shared full pages, copied rings."""
-        siblings = self.forks.get(parent.request_id, [])
-        if child in siblings:
-            siblings.remove(child)
-        if not siblings:
-            self.forks.pop(parent.request_id, None)
+        self.forks.forked(parent, child)
         row = self.cache.fork_row(parent.row, parent.num_prompt_tokens)
         if row is not None:
             child.row = row
@@ -169,3 +152,24 @@ class Postprocessor:
             self.scheduler.start_running(child)
         else:  # no free row or page now: it prefills on its own later (same tokens, slower)
             self.scheduler.enqueue(child)
+
+
+class _Logprobs:
+    """A step's sampled logprobs, read back to the host once."""
+
+    def __init__(self, out: SamplerOutput):
+        self.pos = {row: j for j, row in enumerate(out.logprob_rows)}
+        self.chosen = out.chosen_logprob.tolist() if out.chosen_logprob is not None else None
+        self.top_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        self.top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+
+    def entry(self, j: int, tok: int, n: int) -> dict[int, float] | None:
+        """Sampler row j's logprobs: the chosen token's and the top n."""
+        if self.chosen is None or j not in self.pos:
+            return None
+        k = self.pos[j]
+        out = {tok: self.chosen[k]}
+        if self.top_ids is not None:
+            for t, v in zip(self.top_ids[k][:n], self.top_lp[k][:n]):
+                out.setdefault(t, v)
+        return out

@@ -6,6 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from swaserve.memory.prefix_cache import Node
+from swaserve.sampling.grammar import GrammarMatcher
 from swaserve.sampling.params import SamplingParams
 
 
@@ -55,10 +57,10 @@ class Request:
     # token has none (nothing precedes it)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     error: RequestError | None = None  # set with FinishReason.ERROR
-    seq: int = 0  # arrival order (the engine numbers requests): the scheduler's priority
+    arrival: int = 0  # arrival order (the engine numbers requests): the scheduler's priority
     group_id: str = ""  # the id the prompt was added under (its n completions share it)
-    cache_node: object | None = None  # prefix-cache node this request locks (its prefix)
-    grammar: object | None = None  # its GrammarMatcher, for structured output
+    cache_node: Node | None = None  # prefix-cache node this request locks (its prefix)
+    grammar: GrammarMatcher | None = None  # for structured output
     # overlap scheduling: tokens sampled on the device but not read back yet, and steps in
     # flight that compute this request (its memory is released only when none is left)
     num_pending: int = 0

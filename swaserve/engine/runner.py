@@ -75,23 +75,7 @@ class ModelRunner:
                          key=lambda s: s.request.row)
         prefills = [s for s in batch.seqs if s.num_tokens > 1 and not s.draft]
         order = decodes + prefills
-        ids: list[int] = []
-        pos: list[int] = []
-        rows: list[int] = []
-        fill_dst: list[int] = []
-        fill_src: list[int] = []
-        for s in order:
-            req, end = s.request, s.start + s.num_known
-            if end > req.num_known_tokens:  # a decode of the token the step in flight samples
-                assert s.num_tokens == 1 and pending is not None, "only a decode can chain"
-                fill_dst.append(len(ids))
-                fill_src.append(pending[req.request_id])
-                ids.append(0)
-            else:
-                ids.extend(req.tokens(s.start, end))
-            ids.extend(s.draft)
-            pos.extend(range(s.start, s.start + s.num_tokens))
-            rows.extend([s.request.row] * s.num_tokens)
+        ids, pos, rows, fill_dst, fill_src = self._inputs(order, pending)
         positions = self._t(pos)
         rows_t = self._t(rows)
         full_slots = ring_slots = None
@@ -101,16 +85,7 @@ class ModelRunner:
             ring_slots = rows_t * self.cache.window.ring + positions % self.cache.window.ring
             # record positions first: every sliding layer writes these slots before it reads
             self.cache.window.positions[ring_slots] = positions
-        window_write = None
-        if self.cache.window_pages is not None:
-            idx, wslots, offset = [], [], 0
-            for s in order:
-                offs, sl = self.cache.window_write_slots(s.request.row, s.start, s.num_tokens)
-                idx.extend(offset + o for o in offs)
-                wslots.extend(sl)
-                offset += s.num_tokens
-            if idx:
-                window_write = (self._t(idx), self._t(wslots))
+        window_write = self._window_write(order) if self.cache.window_pages is not None else None
         groups: list[AttnGroup] = []
         if decodes:
             groups.append(self._decode_group(decodes))
@@ -132,6 +107,42 @@ class ModelRunner:
         scored = self._score_rows(order, ctx)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, scored, fill)
+
+    def _inputs(self, order: list[ScheduledSeq], pending: dict[str, int] | None
+                ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """The step's token ids, positions and request rows, token by token; and where a
+        decode's input is the previous step's sampled token (`fill_dst` in the ids, from
+        `fill_src` in its sampler output), written on the device before the forward."""
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []
+        fill_dst: list[int] = []
+        fill_src: list[int] = []
+        for s in order:
+            req, end = s.request, s.start + s.num_known
+            if end > req.num_known_tokens:  # a decode of the token the step in flight samples
+                assert s.num_tokens == 1 and pending is not None, "only a decode can chain"
+                fill_dst.append(len(ids))
+                fill_src.append(pending[req.request_id])
+                ids.append(0)
+            else:
+                ids.extend(req.tokens(s.start, end))
+            ids.extend(s.draft)
+            pos.extend(range(s.start, s.start + s.num_tokens))
+            rows.extend([s.request.row] * s.num_tokens)
+        return ids, pos, rows, fill_dst, fill_src
+
+    def _window_write(self, order: list[ScheduledSeq]
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Paged sliding-window KV: the step's token indices and the page slots they are
+        written to (ForwardContext.window_write), or None when no token writes one."""
+        idx, wslots, offset = [], [], 0
+        for s in order:
+            offs, sl = self.cache.window_write_slots(s.request.row, s.start, s.num_tokens)
+            idx.extend(offset + o for o in offs)
+            wslots.extend(sl)
+            offset += s.num_tokens
+        return (self._t(idx), self._t(wslots)) if idx else None
 
     def _score_rows(self, order: list[ScheduledSeq], ctx: ForwardContext
                     ) -> list[tuple[Request, int, int]]:

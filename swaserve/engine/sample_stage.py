@@ -13,6 +13,7 @@ import logging
 import torch
 
 from swaserve.engine.faults import FaultInjector
+from swaserve.engine.forks import ForkGroups
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import ScheduledSeq
 from swaserve.memory.kv_cache import KVLost
@@ -30,19 +31,22 @@ Owners = list[tuple[int, Request]]  # per sampler row: (its logits row, its requ
 
 class SampleStage:
     def __init__(self, sampler: Sampler, vocab_size: int, device: torch.device,
-                 eos_token_ids: frozenset[int]):
+                 eos_token_ids: frozenset[int], faults: FaultInjector,
+                 forks: ForkGroups | None = None):
+        """`faults`: a test hook (engine/faults.py); `forks`: the engine's n > 1 groups
+        (None: a stage used alone, whose seqs have no siblings)."""
         self.sampler = sampler
         self.vocab_size = vocab_size
         self.device = device
         self.eos_token_ids = eos_token_ids
-        self.faults: FaultInjector | None = None
+        self.faults = faults
+        self.forks = forks
 
     def _check(self, stage: str, reqs: list[Request]) -> None:
-        if self.faults is not None:
-            self.faults.check(stage, [r.request_id for r in reqs])
+        self.faults.check(stage, (r.request_id for r in reqs))
 
     @timed("sampler rows + grammar masks")
-    def rows(self, sampled: list[ScheduledSeq], forks: dict[str, list[Request]]
+    def rows(self, sampled: list[ScheduledSeq]
              ) -> tuple[list[SamplerRow], Owners, dict[int, BaseException]]:
         """One sampler row per sampled seq, plus one per waiting n>1 sibling of a seq whose
         prompt just completed (they share its logits row), plus one per draft token (the
@@ -54,8 +58,8 @@ class SampleStage:
         for s in sampled:
             req = s.request
             family = [req]
-            if req.num_generated == 0 and req.request_id in forks:
-                family += forks[req.request_id]
+            if req.num_generated == 0 and self.forks is not None:
+                family += self.forks.waiting(req)
             last = s.start + s.num_known - 1
             for r in family:
                 rows.append(self._row(r, last))

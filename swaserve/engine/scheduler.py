@@ -167,9 +167,18 @@ class Scheduler:
         speculative tokens of decoding requests (best first), computed after their token
         within `max_decode_rows(decode seqs)` decode rows (_add_drafts)."""
         batch = Batch()
-        budget = self.chunk_size
         scheduled: set[str] = set()
         self.new_token_ratio = max(RATIO_MIN, self.new_token_ratio - RATIO_DECAY)
+        budget = self._schedule_running(batch, self.chunk_size, scheduled, can_retract)
+        budget = self._admit_waiting(batch, budget)
+        if drafts and all(s.num_tokens == 1 for s in batch.seqs):
+            self._add_drafts(batch, drafts, budget, max_decode_rows)
+        return batch
+
+    def _schedule_running(self, batch: Batch, budget: int, scheduled: set[str],
+                          can_retract: bool) -> int:
+        """The running requests' next chunks or decode tokens, oldest first, making room by
+        retraction; returns the budget left."""
         for req in list(self.running):
             if budget == 0 and not self.aligned_chunks:  # aligned: decodes cost no budget
                 break
@@ -189,6 +198,11 @@ class Scheduler:
                                            req.num_computed_tokens + n == req.num_tokens))
             scheduled.add(req.request_id)
             budget -= n if n > 1 or not self.aligned_chunks else 0
+        return budget
+
+    def _admit_waiting(self, batch: Batch, budget: int) -> int:
+        """Admit waiting requests, oldest first, while a row is free and the pages they
+        write now and are expected to add fit; returns the budget left."""
         # pages the running requests are expected to add: admission leaves them free
         reserved = sum(self.cache.pages_needed(r.row, self._expected_tokens(r))
                        for r in self.running if r.status is RequestStatus.RUNNING)
@@ -231,11 +245,8 @@ class Scheduler:
             self._slots(req, req.num_computed_tokens + n)
             batch.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n,
                                            req.num_computed_tokens + n == req.num_tokens))
-            scheduled.add(req.request_id)
             budget -= n
-        if drafts and all(s.num_tokens == 1 for s in batch.seqs):
-            self._add_drafts(batch, drafts, budget, max_decode_rows)
-        return batch
+        return budget
 
     def _add_drafts(self, batch: Batch, drafts: dict[str, list[int]], budget: int,
                     max_decode_rows: Callable[[int], int] | None) -> None:
@@ -318,4 +329,4 @@ class Scheduler:
 
 
 def _arrival(req: Request) -> int:
-    return req.seq
+    return req.arrival

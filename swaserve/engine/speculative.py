@@ -209,7 +209,7 @@ class NgramSpeculator:
             if draft and req.grammar is not None:  # what the grammar would reject cannot win
                 draft = draft[:req.grammar.valid_prefix(draft)]
             if draft:
-                wanted.append((st.acceptance, req.seq, req, draft))
+                wanted.append((st.acceptance, req.arrival, req, draft))
         out = {}
         for _, _, req, draft in sorted(wanted, key=lambda w: (-w[0], w[1])):
             if budget <= 0:

@@ -1,6 +1,6 @@
-"""The MLX backend (engine/backend.py's seam): the model's forward, the KV data and the
-sampler in MLX; the torch model it is converted from, the index tables and the sampler's
-inputs on the CPU."""
+"""The MLX backend (engine/backend.py's `Backend` Protocol): the model's forward, the KV
+data and the sampler in MLX; the torch model it is converted from, the index tables and the
+sampler's inputs on the CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import load_q8_weights
 from swaserve.config import EngineConfig
 from swaserve.memory.kv_cache import KVCache
@@ -39,7 +40,7 @@ class MLXBackend:
     def host_device(self, config: EngineConfig) -> torch.device:
         return torch.device("cpu")
 
-    def model(self, model, cache: KVCache, source):
+    def model(self, model, cache: KVCache, source: ModelSource):
         from swaserve.mlx.cache import MLXKV
         from swaserve.mlx.model import MLXCausalLM
 

@@ -4,7 +4,7 @@
                                       (auth, body limit,   (router.py picks the replica)
                                        prefix blocks)
 
-Each `EngineReplica` owns one engine, its thread and the swaserve app (server/build.py) and
+Each `EngineReplica` owns one engine, its thread and the swaserve app (server/factory.py) and
 answers forwarded requests through that app (forward.py), so every route, error and limit
 is `swaserve serve`'s. Ray Serve places the replicas (their CPUs and GPUs come from the
 engine options), restarts one whose process dies or whose health check fails (the health
@@ -30,8 +30,8 @@ from swaserve.config import EngineConfig
 from swaserve.distributed.workers import usable_cores
 from swaserve.ray.forward import ForwardedRequest, ResponseStart, call_asgi
 from swaserve.ray.routing import request_blocks
-from swaserve.server.build import ServerOptions, build_server
 from swaserve.server.errors import error_body, error_response
+from swaserve.server.factory import ServerOptions, build_server
 from swaserve.server.guard import Guard
 
 log = logging.getLogger("swaserve")

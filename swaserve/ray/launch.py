@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from swaserve.config import EngineConfig
 from swaserve.distributed.workers import usable_cores
-from swaserve.server.build import ServerOptions
+from swaserve.server.factory import ServerOptions
 
 log = logging.getLogger("swaserve")
 APP_NAME = "swaserve"

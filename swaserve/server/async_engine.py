@@ -84,6 +84,39 @@ class _Stream:
             pass
 
 
+@dataclass(frozen=True)
+class _Add:
+    """Queue a request (its stream is where its events go)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    grammar: CompiledGrammar | None
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class _Abort:
+    """Drop a request and free its memory (its client went away)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _FailAll:
+    """End every request with this message (shutdown's last word to the clients)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Abort every request and end the engine thread."""
+
+
+_Command = _Add | _Abort | _FailAll | _Stop  # what the engine thread's inbox carries
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine, max_waiting: int = 1024,
                  request_timeout: float | None = None):
@@ -96,7 +129,7 @@ class AsyncEngine:
         self.draining = False  # shutting down: no new requests
         self._admitted = 0  # let in by `admit`, not yet in the scheduler's queue
         self._lock = threading.Lock()
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[_Command] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
         # from here on only the engine thread runs the model: the idle OpenMP workers that
@@ -145,13 +178,13 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         if self.request_timeout is not None:
             stream.deadline = time.monotonic() + self.request_timeout
-        self._inbox.put(("add", request_id, prompt_ids, params, grammar, stream))
+        self._inbox.put(_Add(request_id, prompt_ids, params, grammar, stream))
         if not self.alive:  # it died: its last act answers the inbox, but maybe before this
             stream.put(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return self._events(request_id, stream)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(_Abort(request_id))
 
     async def _events(self, request_id: str, stream: _Stream) -> AsyncIterator[Delta | Final]:
         finished = False
@@ -171,10 +204,10 @@ class AsyncEngine:
 
     def fail_streams(self, message: str) -> None:
         """End every request with an error (shutdown's last word to the clients)."""
-        self._inbox.put(("fail_all", message))
+        self._inbox.put(_FailAll(message))
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._inbox.put(("stop",))
+        self._inbox.put(_Stop())
         self._thread.join(timeout)
         self.engine.close()
 
@@ -191,9 +224,9 @@ class AsyncEngine:
                     cmd = self._inbox.get_nowait()
                 except queue.Empty:
                     break
-                if cmd[0] == "add":
+                if isinstance(cmd, _Add):
                     self.cancel_admission()
-                    cmd[5].put(EngineError(f"the engine stopped: {self.dead}",
+                    cmd.stream.put(EngineError(f"the engine stopped: {self.dead}",
                                            code="engine_dead"))
             return
         self._fail_all(EngineError("the server is shutting down", code="shutting_down"))
@@ -239,23 +272,25 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _handle(self, cmd: tuple) -> None:
-        if cmd[0] == "stop":
-            for rid in list(self._streams):
-                self._abort(rid)
-            self._stop.set()
-        elif cmd[0] == "add":
-            self._add(*cmd[1:])
-        elif cmd[0] == "abort":
-            if self._abort(cmd[1]) and self.metrics is not None:
-                self.metrics.aborted.inc()
-        elif cmd[0] == "fail_all":
-            self._fail_all(EngineError(cmd[1], code="shutting_down"))
+    def _handle(self, cmd: _Command) -> None:
+        match cmd:
+            case _Stop():
+                for rid in list(self._streams):
+                    self._abort(rid)
+                self._stop.set()
+            case _Add():
+                self._add(cmd)
+            case _Abort(rid):
+                if self._abort(rid) and self.metrics is not None:
+                    self.metrics.aborted.inc()
+            case _FailAll(message):
+                self._fail_all(EngineError(message, code="shutting_down"))
 
-    def _add(self, rid: str, ids: list[int], params: SamplingParams,
-             grammar: CompiledGrammar | None, stream: _Stream) -> None:
+    def _add(self, cmd: _Add) -> None:
+        rid, params, stream = cmd.request_id, cmd.params, cmd.stream
         try:
-            stream.reqs = self.engine.add_request(ids, params, request_id=rid, grammar=grammar)
+            stream.reqs = self.engine.add_request(cmd.prompt_ids, params, request_id=rid,
+                                                  grammar=cmd.grammar)
         except ValueError as e:
             stream.put(EngineError(str(e), 400, "invalid_request_error", param=param_of(e)))
             return

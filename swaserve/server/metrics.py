@@ -9,8 +9,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from swaserve.engine.engine import EngineStats
 from swaserve.engine.request import FinishReason, Request
+from swaserve.engine.stats import EngineStats
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RETRACTIONS = (0, 1, 2, 3, 5, 10)

@@ -64,7 +64,8 @@ def add_token_routes(app: FastAPI, engine, template: ChatTemplate | None,
             return tok.id_to_token(token_id) if token_id is not None else None
 
         eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
+        pad = engine.whole_model_config.pad_token_id
         return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_token_id),
-                "eos_token": name(eos), "pad_token": name(engine.model_config.pad_token_id),
+                "eos_token": name(eos), "pad_token": name(pad),
                 "chat_template": tok.chat_template or GEMMA_TEMPLATE,
                 "model_max_length": max_len, "vocab_size": tok.vocab_size}

@@ -30,7 +30,7 @@ import time
 import torch
 
 from swaserve.kernels import build, q8
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.sampling import murmur
 
 log = logging.getLogger("swaserve")

@@ -17,7 +17,8 @@ from torch import nn
 
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
-from swaserve.kernels.q8 import Q8Weight, head_vnni_rows, same_kernel_rows
+from swaserve.kernels.q8 import head_vnni_rows, same_kernel_rows
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
 from swaserve.kernels.screen import VNNI_ROWS as SCREEN_VNNI_ROWS
 from swaserve.models.attention import AttentionBackend, SDPABackend
@@ -103,7 +104,7 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.tp = None  # the TPGroup when this is one rank's shard (set_tensor_parallel)
-        # the LM head's int8 blocks (kernels/q8.py), set by `use_q8` when the checkpoint
+        # the LM head's int8 blocks (kernels/q8_weight.py), set by `use_q8` when the checkpoint
         # has them; used for the batches its kernel takes (Q8Weight.takes)
         self.lm_head_q8: Q8Weight | None = None
         # its int8 screen for greedy steps (kernels/screen.py), set by `use_q8`

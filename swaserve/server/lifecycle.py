@@ -164,7 +164,7 @@ async def prepare_all(state: AppState, params: SamplingParams,
 # -- in the engine: queue, then stream or collect ----------------------------------------------
 
 async def answer(state: AppState, request: Request, prepared: list[Prepared],
-                 fmt: AnswerFormat, stream: bool):
+                 fmt: AnswerFormat, stream: bool) -> StreamingResponse | dict:
     """Queue the prepared prompts as one request and answer with their choices: prompt k's
     completion i is choice k * n + i. A stream is a StreamingResponse of fmt's events,
     else fmt's whole response."""

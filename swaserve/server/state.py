@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swaserve.checkpoint.tokenizer import Tokenizer
+from swaserve.engine.engine import Engine
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate
 from swaserve.server.errors import APIError
@@ -31,11 +33,11 @@ class AppState:
         return cls(aengine, model_name, metrics, template, end_of_turn)
 
     @property
-    def engine(self):
+    def engine(self) -> Engine:
         return self.aengine.engine
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
         return self.aengine.engine.tokenizer
 
     @property

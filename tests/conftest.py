@@ -95,18 +95,18 @@ def tiny_engine(path, **kw):
 def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
     """w as int8 with a float scale per 32 inputs, in tile order: Q8_0's rule (values in
     -127..127), Q5_0's range (-15..15) or Q4_K's form (0..15, a minimum per 32 as offset)."""
-    from swaserve.kernels import q8
+    from swaserve.kernels.q8_weight import Q8Weight
 
     blocks = w.float().view(w.shape[0], -1, 32)
     if kind == "q4_k":
         lo, hi = blocks.amin(dim=2), blocks.amax(dim=2)
         scales = (hi - lo).clamp_min(1e-8) / 15
         q = ((blocks - lo[:, :, None]) / scales[:, :, None]).round().clamp(0, 15).to(torch.int8)
-        return q8.Q8Weight(q.view(w.shape), scales, -lo).to_tiles()
+        return Q8Weight(q.view(w.shape), scales, -lo).to_tiles()
     levels = {"q8_0": 127, "q5_0": 15}[kind]
     scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / levels
     q = (blocks / scales[:, :, None]).round().clamp(-levels, levels).to(torch.int8)
-    return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
+    return Q8Weight(q.view(w.shape), scales).to_tiles()
 
 
 def use_int8_copies(eng, kind: str = "q8_0", int8_activations: bool = False) -> None:

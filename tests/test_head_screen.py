@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swaserve.kernels import q8, screen
+from swaserve.kernels.q8_weight import Q8Weight
 
 pytestmark = pytest.mark.skipif(not screen.available(),
                                 reason="no AVX-512 VNNI and BF16 without AMX (or no compiler)")
@@ -27,7 +28,7 @@ def random_head(n: int, k: int, seed: int, offsets: bool = False, group: int = 3
     scales = (torch.rand(n, k // group, generator=g) * 29 + 1) * 1e-3
     scales = scales.half().float()  # exact in float16, as a GGUF's are
     offs = torch.rand(n, k // group, generator=g) * 0.01 if offsets else None
-    return q8.Q8Weight(q, scales, offs, group=group).to_tiles()
+    return Q8Weight(q, scales, offs, group=group).to_tiles()
 
 
 def hidden_rows(m: int, k: int, seed: int, outliers: int = 8) -> torch.Tensor:
@@ -178,7 +179,7 @@ def test_an_exact_tie_goes_to_the_first_column_and_near_ties_are_rescored():
             q[c], scales[c] = q[w], scales[w]
             j = int(torch.randint(k, (1,), generator=g))
             q[c, j] = q[c, j] + (1 if q[c, j] < 127 else -1)
-    head = q8.Q8Weight(q, scales).to_tiles()
+    head = Q8Weight(q, scales).to_tiles()
     s = built_screen(head, k)
     want = head.argmax(x, "dpbf16")
     assert torch.equal(s.argmax(x), want)
@@ -221,7 +222,7 @@ def test_a_head_with_a_weight_that_is_not_finite_is_not_screened():
     q, scales, _ = random_head(n, k, seed=10).rows()
     scales = scales.clone()
     scales[77, 1] = float("inf")
-    s = screen.HeadScreen.for_head(q8.Q8Weight(q, scales).to_tiles())
+    s = screen.HeadScreen.for_head(Q8Weight(q, scales).to_tiles())
     x = hidden_rows(screen.BUILD_ROWS, k, seed=11)
     assert s.argmax(x) is None and not s.built
     assert s.argmax(x) is None and s._failed  # not tried again
@@ -385,7 +386,7 @@ def test_the_bound_holds_where_rounding_errs_all_one_way():
     scales = torch.full((n, k // 32), 2.0 ** -10)
     ratio = 163.90625 / 90.09375  # B's scale so that its sum is just under A's
     scales[b] = torch.tensor(2.0 ** -10 * ratio * 0.995).half().float()
-    head = q8.Q8Weight(q, scales).to_tiles()
+    head = Q8Weight(q, scales).to_tiles()
     s = screen.HeadScreen.for_head(head)
     seen = torch.arange(k, 0, -1, dtype=torch.float32).expand(screen.BUILD_ROWS, k)
     assert s.argmax(seen.bfloat16().contiguous()) is not None  # groups: channels in order

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_q8 import k_quant_blocks, q8_0_blocks, weight_from
 
-from swaserve.kernels import q8
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.mlx import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
@@ -18,12 +18,12 @@ def _weights() -> dict:
     import gguf
 
     w = np.random.default_rng(0).standard_normal((48, 640)).astype(np.float32)
-    q8_0 = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(w), 48, 640)
-    q5_0 = q8.Q8Weight.from_q5_0_blocks(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0),
+    q8_0 = Q8Weight.from_q8_0_blocks(q8_0_blocks(w), 48, 640)
+    q5_0 = Q8Weight.from_q5_0_blocks(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0),
                                         48, 640)
     return {"Q8_0": (q8_0, 8), "Q5_0": (q5_0, 5),
             "Q4_K": (weight_from("Q4_K", k_quant_blocks("Q4_K", 32, 512, 1), 32, 512), 4),
-            "Q5_0 + Q8_0 rows": (q8.Q8Weight.stack([q5_0, q8_0]), 8)}
+            "Q5_0 + Q8_0 rows": (Q8Weight.stack([q5_0, q8_0]), 8)}
 
 
 @pytest.mark.parametrize("kind", list(_weights()))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from swaserve.kernels import q8
+from swaserve.kernels.q8_weight import Q8Weight
 
 
 def q8_0_blocks(w: np.ndarray) -> np.ndarray:
@@ -23,7 +24,7 @@ def test_blocks_read_as_int8_and_scales_are_the_dequantized_weights():
     w = rng.standard_normal((48, 96)).astype(np.float32)
     raw = q8_0_blocks(w)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0)
-    got = q8.Q8Weight.from_q8_0_blocks(raw, 48, 96).dequantize().numpy()
+    got = Q8Weight.from_q8_0_blocks(raw, 48, 96).dequantize().numpy()
     assert np.array_equal(got, ref)
 
 
@@ -31,7 +32,7 @@ def test_blocks_read_as_int8_and_scales_are_the_dequantized_weights():
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 def test_matvec_matches_float64(m):
     g = torch.Generator().manual_seed(m)
-    w = q8.Q8Weight(torch.randint(-127, 128, (1000, 640), generator=g, dtype=torch.int8),
+    w = Q8Weight(torch.randint(-127, 128, (1000, 640), generator=g, dtype=torch.int8),
                     torch.rand(1000, 20, generator=g) * 0.02)
     x = torch.randn(m, 640, generator=g).to(torch.bfloat16)
     y = w.matmul(x)
@@ -54,9 +55,9 @@ def k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
     return sb.reshape(-1)
 
 
-def weight_from(kind: str, raw: np.ndarray, n: int, k: int) -> q8.Q8Weight:
-    return {"Q4_K": q8.Q8Weight.from_q4_k_blocks,
-            "Q6_K": q8.Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
+def weight_from(kind: str, raw: np.ndarray, n: int, k: int) -> Q8Weight:
+    return {"Q4_K": Q8Weight.from_q4_k_blocks,
+            "Q6_K": Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
@@ -74,9 +75,9 @@ def test_k_quant_blocks_read_as_int8_are_the_dequantized_weights(kind):
     assert all(a is b or torch.equal(a, b) for a, b in zip(t.rows(), w.rows()))
 
 
-def random_weight(n: int, k: int, seed: int) -> q8.Q8Weight:
+def random_weight(n: int, k: int, seed: int) -> Q8Weight:
     g = torch.Generator().manual_seed(seed)
-    return q8.Q8Weight(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+    return Q8Weight(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
                        torch.rand(n, k // 32, generator=g) * 0.02 + 1e-4)
 
 
@@ -92,10 +93,10 @@ def test_tiles_hold_the_same_weight():
     with pytest.raises(ValueError, match="multiple of 16"):
         random_weight(40, 32, 0).to_tiles()
     with pytest.raises(ValueError, match="row-major"):
-        q8.Q8Weight.stack([t, w])
+        Q8Weight.stack([t, w])
 
 
-def k_quant_case(kind: str, m: int) -> tuple[q8.Q8Weight, torch.Tensor]:
+def k_quant_case(kind: str, m: int) -> tuple[Q8Weight, torch.Tensor]:
     """A tiled [48, 1024] K-quant weight and m rows of bf16 activations."""
     w = weight_from(kind, k_quant_blocks(kind, 48, 1024, m), 48, 1024).to_tiles()
     return w, torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
@@ -141,7 +142,7 @@ def test_bf16_tiles_take_k_quants_with_offsets_and_scales_per_16(kind, m, kernel
 @bf16_tiles
 def test_bf16_tiles_take_q8_0_scales_as_float16_exactly(kernel):
     rng = np.random.default_rng(0)
-    w = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
+    w = Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
                                      64, 640)
     t = w.to_tiles()
     assert t.scales.dtype == torch.float16 and torch.equal(t.dequantize(), w.dequantize())
@@ -180,7 +181,7 @@ def test_bf16_tiles_bf16_results_are_their_float32_sums_rounded_once(m, n, kerne
 vnni = pytest.mark.skipif(not q8.vnni_available(), reason="no AVX-512 VNNI (or no compiler)")
 
 
-def assert_int16_product(y: torch.Tensor, x: torch.Tensor, w: q8.Q8Weight) -> float:
+def assert_int16_product(y: torch.Tensor, x: torch.Tensor, w: Q8Weight) -> float:
     """y is x @ w.T of the exact weights but for what int16 activations lose: each value
     within 2^-15 of its block of 32's largest (plus float32 round-off of the sums).
     Returns the largest error relative to the largest output."""
@@ -221,7 +222,7 @@ def test_vnni_takes_k_quants_with_offsets_and_scales_per_16(kind, m):
 @vnni
 def test_vnni_takes_q8_0_scales_as_float16_and_writes_bf16_as_its_sums_rounded_once():
     rng = np.random.default_rng(1)
-    t = q8.Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
+    t = Q8Weight.from_q8_0_blocks(q8_0_blocks(rng.standard_normal((64, 640)).astype(np.float32)),
                                      64, 640).to_tiles()
     assert t.scales.dtype == torch.float16
     x = torch.randn(3, 640, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
@@ -295,7 +296,7 @@ def int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq.view(x.shape).double(), (amax / 127.0).squeeze(-1).double()
 
 
-def assert_int8_product(y: torch.Tensor, x: torch.Tensor, w: q8.Q8Weight) -> float:
+def assert_int8_product(y: torch.Tensor, x: torch.Tensor, w: Q8Weight) -> float:
     """y is x @ w.T of the exact weights but for what int8 activations lose: half a step of
     each block's scale times the weights' |w| (plus float32 round-off of the sums), and
     within float32 round-off of the float64 product of those int8 activations (offsets
@@ -404,7 +405,7 @@ def test_int8_activations_take_dpbf16s_place_at_any_rows():
 @pytest.mark.skipif(not q8.available(), reason="no C compiler for the kernel")
 def test_matvec_gives_bf16_as_a_cast_of_its_float32_sums():
     g = torch.Generator().manual_seed(5)
-    w = q8.Q8Weight(torch.randint(-127, 128, (64, 640), generator=g, dtype=torch.int8),
+    w = Q8Weight(torch.randint(-127, 128, (64, 640), generator=g, dtype=torch.int8),
                     torch.rand(64, 20, generator=g) * 0.02)
     x = torch.randn(2, 640, generator=g).to(torch.bfloat16)
     assert torch.equal(w.matmul(x, dtype=torch.bfloat16), w.matmul(x).to(torch.bfloat16))
@@ -427,7 +428,7 @@ def test_tiles_take_bf16_only_and_say_so():
 def test_more_rows_than_the_kernel_takes_fall_back():
     if not q8.available():
         pytest.skip("no C compiler for the kernel")
-    w = q8.Q8Weight(torch.ones(64, 32, dtype=torch.int8), torch.ones(64, 1))
+    w = Q8Weight(torch.ones(64, 32, dtype=torch.int8), torch.ones(64, 1))
     took = w.matmul(torch.ones(q8.MAX_ROWS, 32))
     assert took is not None and torch.equal(took, torch.full((q8.MAX_ROWS, 64), 32.0))
     assert w.matmul(torch.ones(q8.MAX_ROWS + 1, 32)) is None
@@ -435,9 +436,9 @@ def test_more_rows_than_the_kernel_takes_fall_back():
 
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="K % 32"):
-        q8.Q8Weight(torch.zeros(4, 30, dtype=torch.int8), torch.ones(4, 1))
+        Q8Weight(torch.zeros(4, 30, dtype=torch.int8), torch.ones(4, 1))
     with pytest.raises(ValueError, match="scales"):
-        q8.Q8Weight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3))
+        Q8Weight(torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 3))
 
 
 def test_an_unwritable_cache_leaves_the_kernel_off_not_the_engine_broken(tmp_path):
@@ -490,7 +491,7 @@ def test_tile_argmax_is_the_argmax_of_its_sums(kernel, m, n):
     q[3] = q[n // 2] = 127
     scales = torch.rand(n, 2, generator=g) * 0.02 + 1e-4
     scales[3] = scales[n // 2] = 0.05
-    w = q8.Q8Weight(q, scales).to_tiles()
+    w = Q8Weight(q, scales).to_tiles()
     x = torch.randn(m, 64, generator=g).to(torch.bfloat16)
     x[0] = 0  # every sum 0: index 0
     if m > 1:
@@ -568,7 +569,7 @@ def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
     eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256)
     head = eng.model.embed.float()
     scales = head.view(128, 1, 32).abs().amax(-1) / 127
-    int8 = q8.Q8Weight(torch.round(head / scales).to(torch.int8), scales).to_tiles()
+    int8 = Q8Weight(torch.round(head / scales).to(torch.int8), scales).to_tiles()
     base = q8.head_vnni_rows()
     assert base >= q8.vnni_rows()
     if not q8.amx_available() and q8.dpbf16_available():
@@ -602,9 +603,9 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     head = eng.model.embed.float()
     scales = head.view(128, 1, 32).abs().amax(-1) / 127
     q = torch.round(head / scales).to(torch.int8)
-    eng.model.use_q8({"lm_head": q8.Q8Weight(q, scales).to_tiles()})
+    eng.model.use_q8({"lm_head": Q8Weight(q, scales).to_tiles()})
     taken = []  # the rows of each step whose tokens came from the head's argmaxes
-    real = q8.Q8Weight.argmax
+    real = Q8Weight.argmax
 
     def argmax(self, x, kernel=None):
         tokens = real(self, x, kernel)
@@ -612,7 +613,7 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
             taken.append(x.shape[0])
         return tokens
 
-    monkeypatch.setattr(q8.Q8Weight, "argmax", argmax)
+    monkeypatch.setattr(Q8Weight, "argmax", argmax)
     # 4 to 20 tokens: the batch shrinks from nine rows to one as requests finish
     greedy = [SamplingParams(temperature=0, max_tokens=4 + 2 * i, ignore_eos=True)
               for i in range(9)]
@@ -655,7 +656,7 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
                  prefix_cache=False)
     head = eng.model.embed.float()
     scales = head.view(128, 1, 32).abs().amax(-1) / 127
-    eng.model.use_q8({"lm_head": q8.Q8Weight(torch.round(head / scales).to(torch.int8),
+    eng.model.use_q8({"lm_head": Q8Weight(torch.round(head / scales).to(torch.int8),
                                              scales).to_tiles()})
     # past 4 rows another kernel than q8_vnni: a part of a step (3 greedy, 6 other rows)
     # on the kernel its own row count picks would round as the whole step's does not
@@ -699,7 +700,7 @@ def test_vnni_reads_q5_0_and_q4_k_packed_with_the_same_bits(kind):
 
     w = np.random.default_rng(3).standard_normal((64, 512)).astype(np.float32)
     if kind in ("Q5_0", "Q8_0"):
-        read = getattr(q8.Q8Weight, f"from_{kind.lower()}_blocks")
+        read = getattr(Q8Weight, f"from_{kind.lower()}_blocks")
         weight = read(gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind)), 64, 512)
     else:
         weight = weight_from(kind, k_quant_blocks(kind, 64, 512, 4), 64, 512)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 
@@ -58,49 +58,14 @@ class ModelConfig:
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         if "text_config" in cfg:  # multimodal wrapper: serve its text model
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else cfg.get("model_type", "?")
-        if arch == "Gemma3ForConditionalGeneration":
-            arch = "Gemma3ForCausalLM"
         n = int(cfg["num_hidden_layers"])
-        window = cfg.get("sliding_window")
-        if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
-            window = None
-        types = cfg.get("layer_types")
-        if types is not None and window is None:
-            types = ["full_attention"] * n
-        if types is None:
-            pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-            if window and pattern:
-                types = ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention"
-                         for i in range(n)]
-            else:
-                types = ["sliding_attention" if window else "full_attention"] * n
-        layer_types = tuple("sliding" if t == "sliding_attention" else "full" for t in types)
-        rope = cfg.get("rope_parameters") or {}
-
-        def scaled(section: dict) -> dict | None:
-            kind = section.get("rope_type") or section.get("type") or "default"
-            return section if kind != "default" else None
-
-        if "full_attention" in rope:  # per-kind RoPE (Gemma 3)
-            full_rope, local_rope = rope["full_attention"], rope.get("sliding_attention", {})
-            theta = float(full_rope.get("rope_theta", 10000.0))
-            local = float(local_rope.get("rope_theta", theta))
-            scaling, local_scaling = scaled(full_rope), scaled(local_rope)
-        else:
-            full_rope = rope or cfg.get("rope_scaling") or {}
-            theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-            scaling = scaled(full_rope)
-            if "rope_local_base_freq" in cfg:  # older Gemma 3 configs: unscaled local RoPE
-                local, local_scaling = float(cfg["rope_local_base_freq"]), None
-            else:
-                local, local_scaling = theta, scaling
+        layer_types, window = _layer_types(cfg, n)
+        rope = _rope(cfg)
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         heads = int(cfg["num_attention_heads"])
         return cls(
-            architecture=arch,
+            architecture=_architecture(cfg),
             hidden_size=int(cfg["hidden_size"]),
             num_layers=n,
             num_heads=heads,
@@ -109,8 +74,8 @@ class ModelConfig:
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_local_theta=local,
+            rope_theta=rope.theta,
+            rope_local_theta=rope.local_theta,
             layer_types=layer_types,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
             sliding_window=int(window) if window and "sliding" in layer_types else None,
@@ -118,8 +83,8 @@ class ModelConfig:
             hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             final_logit_softcapping=cfg.get("final_logit_softcapping"),
-            rope_scaling=scaling,
-            rope_local_scaling=local_scaling,
+            rope_scaling=rope.scaling,
+            rope_local_scaling=rope.local_scaling,
             attention_bias=bool(cfg.get("attention_bias", False)),
             attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
             bos_token_id=cfg.get("bos_token_id"),
@@ -127,6 +92,61 @@ class ModelConfig:
             pad_token_id=cfg.get("pad_token_id"),
             raw=dict(cfg),
         )
+
+
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The HF architecture name (a Gemma 3 multimodal checkpoint serves its text model)."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else cfg.get("model_type", "?")
+    return "Gemma3ForCausalLM" if arch == "Gemma3ForConditionalGeneration" else arch
+
+
+def _layer_types(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], int | None]:
+    """("full" | "sliding" per layer, the window), from layer_types, a sliding window
+    pattern, or one kind for all layers."""
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
+        window = None
+    types = cfg.get("layer_types")
+    if types is not None and window is None:
+        types = ["full_attention"] * n
+    if types is None:
+        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+        if window and pattern:
+            types = ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention"
+                     for i in range(n)]
+        else:
+            types = ["sliding_attention" if window else "full_attention"] * n
+    return tuple("sliding" if t == "sliding_attention" else "full" for t in types), window
+
+
+class _Rope(NamedTuple):
+    theta: float
+    local_theta: float
+    scaling: dict[str, Any] | None  # None: unscaled
+    local_scaling: dict[str, Any] | None
+
+
+def _rope(cfg: dict[str, Any]) -> _Rope:
+    """RoPE of full and sliding layers: per kind (Gemma 3's rope_parameters), or one for
+    both (older Gemma 3 configs: an unscaled local base frequency of its own)."""
+    rope = cfg.get("rope_parameters") or {}
+
+    def scaled(section: dict) -> dict | None:
+        kind = section.get("rope_type") or section.get("type") or "default"
+        return section if kind != "default" else None
+
+    if "full_attention" in rope:  # per-kind RoPE (Gemma 3)
+        full_rope, local_rope = rope["full_attention"], rope.get("sliding_attention", {})
+        theta = float(full_rope.get("rope_theta", 10000.0))
+        return _Rope(theta, float(local_rope.get("rope_theta", theta)), scaled(full_rope),
+                     scaled(local_rope))
+    full_rope = rope or cfg.get("rope_scaling") or {}
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    scaling = scaled(full_rope)
+    if "rope_local_base_freq" in cfg:  # older Gemma 3 configs: unscaled local RoPE
+        return _Rope(theta, float(cfg["rope_local_base_freq"]), scaling, None)
+    return _Rope(theta, theta, scaling, scaling)
 
 
 def gguf_metadata_to_hf(meta: dict[str, Any]) -> dict[str, Any]:

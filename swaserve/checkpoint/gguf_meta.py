@@ -32,78 +32,83 @@ def read_gguf_tensor_infos(path: str | Path) -> tuple[dict[str, tuple[tuple[int,
     return infos, (end + align - 1) // align * align
 
 
-def _read_header(path: str | Path, max_array: int, tensors: bool = False):
-    with open(path, "rb") as fh:
-        data = fh.read(64 * 1024 * 1024) if Path(path).stat().st_size > 0 else b""
-    view = memoryview(data)
-    pos = 0
+class _Cursor:
+    """Little-endian values read in turn from a GGUF header's bytes."""
 
-    def take(fmt: str):
-        nonlocal pos
+    def __init__(self, data: bytes, pos: int = 0):
+        self.view, self.pos = memoryview(data), pos
+
+    def take(self, fmt: str):
         size = struct.calcsize(fmt)
-        if pos + size > len(view):
+        if self.pos + size > len(self.view):
             raise GGUFFormatError("truncated GGUF header")
-        (val,) = struct.unpack_from(fmt, view, pos)
-        pos += size
+        (val,) = struct.unpack_from(fmt, self.view, self.pos)
+        self.pos += size
         return val
 
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
-        if pos + n > len(view):
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.view):
             raise GGUFFormatError("truncated GGUF string")
-        s = bytes(view[pos:pos + n]).decode("utf-8", errors="replace")
-        pos += n
+        s = bytes(self.view[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
         return s
 
-    def skip_value(t: int) -> None:
-        nonlocal pos
-        if t == _STRING:
-            n = take("<Q")
-            pos += n
-        elif t in _SCALARS:
-            pos += struct.calcsize(_SCALARS[t])
-        else:
-            raise GGUFFormatError(f"bad GGUF value type {t}")
-
-    def value(t: int) -> Any:
+    def value(self, t: int) -> Any:
         if t in _SCALARS:
-            return take(_SCALARS[t])
+            return self.take(_SCALARS[t])
         if t == _STRING:
-            return string()
+            return self.string()
         raise GGUFFormatError(f"bad GGUF value type {t}")
 
+    def skip(self, t: int, n: int = 1) -> None:
+        """Past n values of type t without building them."""
+        if t in _SCALARS:
+            self.pos += n * struct.calcsize(_SCALARS[t])
+            return
+        for _ in range(n):
+            if t != _STRING:
+                raise GGUFFormatError(f"bad GGUF value type {t}")
+            n_bytes = self.take("<Q")  # before `pos` is read: take moves it
+            self.pos += n_bytes
+
+
+def _read_header(path: str | Path, max_array: int, tensors: bool = False):
+    """(metadata, tensor infos or None, the offset where the header ends)."""
+    with open(path, "rb") as fh:
+        data = fh.read(64 * 1024 * 1024) if Path(path).stat().st_size > 0 else b""
     if data[:4] != b"GGUF":
         raise GGUFFormatError("not a GGUF file (bad magic)")
-    pos = 4
-    version = take("<I")
+    cur = _Cursor(data, 4)
+    version = cur.take("<I")
     if version not in (2, 3):
         raise GGUFFormatError(f"unsupported GGUF version {version}")
-    tensor_count = take("<Q")
-    kv_count = take("<Q")
+    tensor_count = cur.take("<Q")
+    kv_count = cur.take("<Q")
     meta: dict[str, Any] = {"GGUF.version": version}
     for _ in range(kv_count):
-        key = string()
-        t = take("<I")
-        if t != _ARRAY:
-            meta[key] = value(t)
-            continue
-        et, n = take("<I"), take("<Q")
-        if n > max_array:
-            meta[key + "#len"] = n
-            if et in _SCALARS:
-                pos += n * struct.calcsize(_SCALARS[et])
-            else:
-                for _ in range(n):
-                    skip_value(et)
-        else:
-            meta[key] = [value(et) for _ in range(n)]
+        _read_kv(cur, meta, max_array)
     if not tensors:
-        return meta, None, pos
+        return meta, None, cur.pos
     infos = {}
     for _ in range(tensor_count):
-        name = string()
-        dims = tuple(take("<Q") for _ in range(take("<I")))
-        ggml_type = take("<I")
-        infos[name] = (dims, ggml_type, take("<Q"))
-    return meta, infos, pos
+        name = cur.string()
+        dims = tuple(cur.take("<Q") for _ in range(cur.take("<I")))
+        ggml_type = cur.take("<I")
+        infos[name] = (dims, ggml_type, cur.take("<Q"))
+    return meta, infos, cur.pos
+
+
+def _read_kv(cur: _Cursor, meta: dict[str, Any], max_array: int) -> None:
+    """One key and its value into meta; an array past max_array as its length ("key#len")."""
+    key = cur.string()
+    t = cur.take("<I")
+    if t != _ARRAY:
+        meta[key] = cur.value(t)
+        return
+    et, n = cur.take("<I"), cur.take("<Q")
+    if n > max_array:
+        meta[key + "#len"] = n
+        cur.skip(et, n)
+    else:
+        meta[key] = [cur.value(et) for _ in range(n)]

@@ -190,7 +190,7 @@ class _Q8Reader:
         self.infos, self.data_start = read_gguf_tensor_infos(path)
 
     def get(self, name: str):
-        from swaserve.kernels.q8 import Q8Weight
+        from swaserve.kernels.q8_weight import Q8Weight
 
         if name not in self.infos:
             return None
@@ -206,7 +206,7 @@ class _Q8Reader:
         return read[ggml_type](raw, n, k)
 
     def stacked(self, names: list[str]):
-        from swaserve.kernels.q8 import Q8Weight
+        from swaserve.kernels.q8_weight import Q8Weight
 
         parts = [self.get(n) for n in names]
         return None if any(p is None for p in parts) else Q8Weight.stack(parts)

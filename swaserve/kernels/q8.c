@@ -1,7 +1,7 @@
 /* y[m, n] = sum_g (scale[n, g] * sum_{k in g} q[n, k] * x[m, k] - offset[n, g] * ...)
  *
  * Products of activations with int8 weights that carry a float scale (and offset) per
- * group of inputs, the GGUF formats read exactly (kernels/q8.py). Each weight is read
+ * group of inputs, the GGUF formats read exactly (kernels/q8_weight.py). Each weight is read
  * once, as 1 byte plus its share of the scales, for every activation row of the call:
  * - q8_matvec: rows layout, a scale per 32 (Q8_0, Q5_0), float32 FMAs, up to Q8_MAX_ROWS rows;
  * - q8_vnni: tile layout, any group format, int16 activations on AVX-512 VNNI, any

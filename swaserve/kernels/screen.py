@@ -30,7 +30,7 @@ import time
 import torch
 
 from swaserve.kernels import build, murmur, q8
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8_weight import Q8Weight
 
 log = logging.getLogger("swaserve")
 

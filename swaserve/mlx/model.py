@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.memory.layout import LayerKind
 from swaserve.mlx import require
 from swaserve.mlx.cache import MLXKV, to_mx, to_torch

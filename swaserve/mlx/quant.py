@@ -1,7 +1,7 @@
 """GGUF weights in MLX's affine quantized format, where the formats map exactly.
 
 MLX stores w = scale * u + bias per group along K, u an unsigned `bits`-bit value packed
-little-endian into uint32 words. The GGUF blocks read as int8 (kernels/q8.py: w = q *
+little-endian into uint32 words. The GGUF blocks read as int8 (kernels/q8_weight.py: w = q *
 scale - offset) map onto it with the file's values:
 - Q8_0 (q in [-128, 127], one scale per 32): bits 8, u = q + 128, bias = -128 * scale;
 - Q5_0 (q in [-16, 15]): bits 5, u = q + 16, bias = -16 * scale;
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.mlx import require
 
 GROUP = 32

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from swaserve.kernels.q8 import Q8Weight, head_vnni_rows
+from swaserve.kernels.q8 import head_vnni_rows
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
 from swaserve.kernels.screen import VNNI_ROWS as SCREEN_VNNI_ROWS
 from swaserve.models.context import ForwardContext

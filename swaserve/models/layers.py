@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from swaserve.kernels.gelu import gelu_tanh_mul_bf16
 from swaserve.kernels.norm import add_rms_norm_bf16, rms_norm_bf16
-from swaserve.kernels.q8 import Q8Weight
+from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.profile import timed
 
 

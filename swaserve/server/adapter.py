@@ -8,7 +8,8 @@ from typing import Any
 
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.async_engine import Delta, Final
-from swaserve.server.errors import APIError, param_of
+from swaserve.server.errors import APIError, as_api_error
+from swaserve.server.lifecycle import sse
 from swaserve.server.logprobs import chat_logprobs, completion_logprobs
 from swaserve.server.tools import ToolPlan, new_call, parse_calls
 
@@ -38,14 +39,6 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None,
 def schema_param(body, tools: bool = False) -> str | None:
     """Where a request's JSON schema came from, when not from a json_schema field."""
     return "tools" if tools else "response_format" if body.response_format is not None else None
-
-
-def as_api_error(e: ValueError, schema_from: str | None = None) -> APIError:
-    """400 naming the parameter; a schema that came in response_format or tools is named so."""
-    msg, param = str(e), param_of(e)
-    if param == "json_schema" and schema_from is not None:
-        msg, param = schema_from + msg[len("json_schema"):], schema_from
-    return APIError(400, msg, param)
 
 
 def structured_output(body) -> dict[str, Any]:
@@ -87,12 +80,15 @@ def usage(final: Final) -> dict:
 
 
 class ResponseFormat:
-    """How one request's events are written: `head` (chunks before any output), `chunk`
-    (one event, None for nothing to send), `response` (the whole, non-streaming answer)."""
+    """How one request's events are written (lifecycle.AnswerFormat): `head` (chunks before
+    any output), `chunk` (one event, None for nothing to send), `response` (the whole,
+    non-streaming answer); a stream is `data:` events ended by `[DONE]`."""
 
     object = "text_completion"
     chunk_object = "text_completion"
     id_prefix = "cmpl"
+    done = "data: [DONE]\n\n"
+    event = staticmethod(sse)
 
     def __init__(self, request_id: str, model: str, tokenizer, n: int,
                  num_logprobs: int | None, include_usage: bool,
@@ -109,6 +105,9 @@ class ResponseFormat:
 
     def head(self) -> list[dict]:
         return []
+
+    def error(self, e: APIError) -> dict:
+        return e.body()
 
     def chunk(self, ev: Delta | Final) -> dict | None:
         if isinstance(ev, Final):

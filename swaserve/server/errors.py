@@ -1,5 +1,5 @@
 """Errors in OpenAI's shape `{"error": {message, type, param, code}}`, and the translation of
-pydantic's validation errors into one readable message that names the field."""
+a ValueError or pydantic's validation errors into one readable message that names the field."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def param_of(e: ValueError) -> str | None:
     """The parameter a ValueError names ("temperature: must be >= 0" -> "temperature")."""
     head = str(e).split(":", 1)[0]
     return head if head.isidentifier() else None
+
+
+def as_api_error(e: ValueError, schema_from: str | None = None) -> APIError:
+    """400 naming the parameter; a schema that came in response_format or tools is named so."""
+    msg, param = str(e), param_of(e)
+    if param == "json_schema" and schema_from is not None:
+        msg, param = schema_from + msg[len("json_schema"):], schema_from
+    return APIError(400, msg, param)
 
 
 # pydantic names union members and validators in an error's location; they are not fields

@@ -4,20 +4,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from swaserve.server.chat_template import GEMMA_TEMPLATE, ChatTemplate, ChatTemplateError
+from swaserve.server.chat_template import GEMMA_TEMPLATE, ChatTemplateError
 from swaserve.server.errors import APIError
 from swaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+from swaserve.server.state import AppState
 from swaserve.server.tools import render_chat
 
 
-def add_token_routes(app: FastAPI, engine, template: ChatTemplate | None,
-                     check_model: Callable[[str | None], None]) -> None:
-    tok = engine.tokenizer
-    max_len = engine.max_model_len
+def add_routes(app: FastAPI, state: AppState) -> None:
+    engine, tok, template = state.engine, state.tokenizer, state.template
+    max_len = state.max_model_len
+    check_model = state.check_model
 
     def need_tokenizer(param: str) -> None:
         if tok is None:

@@ -1,0 +1,115 @@
+"""OpenAI's API surface: /v1/models, /v1/completions and /v1/chat/completions. Each route
+checks what only its body can get wrong, maps the body to `SamplingParams` and a prompt
+(adapter.py), and leaves the rest to the shared lifecycle (lifecycle.py); its answer is
+written by adapter.py's formats."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+
+from swaserve.server.adapter import (
+    ChatFormat,
+    CompletionFormat,
+    ResponseFormat,
+    sampling_params,
+    schema_param,
+)
+from swaserve.server.chat_template import ChatTemplateError
+from swaserve.server.errors import APIError
+from swaserve.server.lifecycle import Prepared, answer, encode, prepare, prepare_all
+from swaserve.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from swaserve.server.state import AppState
+from swaserve.server.tools import plan_tools, render_chat
+
+
+def add_routes(app: FastAPI, state: AppState) -> None:
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model",
+                                            "created": int(time.time()), "owned_by": "swaserve",
+                                            "max_model_len": state.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _completions(state, body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        return await _chat(state, body, request)
+
+
+def _format(state: AppState, fmt_class: type[ResponseFormat], body, prepared: list[Prepared],
+            num_logprobs: int | None, **kw) -> ResponseFormat:
+    """The request's answer format: an id of its own, a choice per prompt and completion."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return fmt_class(f"{fmt_class.id_prefix}-{uuid.uuid4().hex}", state.model_name,
+                     state.tokenizer, prepared[0].params.n * len(prepared), num_logprobs,
+                     include_usage, **kw)
+
+
+async def _completions(state: AppState, body: CompletionRequest, request: Request):
+    state.check_model(body.model)
+    if body.suffix is not None or (body.best_of not in (None, 1, body.n)):
+        param = "suffix" if body.suffix is not None else "best_of"
+        raise APIError(400, f"{param}: not supported", param)
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens: must be >= 1 (0 is for scoring a prompt, with "
+                       "echo: true)", "max_tokens")
+    prompts = body.prompt
+    if isinstance(prompts, str) or (prompts and all(isinstance(t, int) for t in prompts)):
+        prompts = [prompts]
+    if not prompts or not all(prompts):
+        raise APIError(400, "prompt: must not be empty", "prompt")
+    if len(prompts) * body.n > MAX_N:
+        raise APIError(400, f"prompt: {len(prompts)} prompts x n {body.n} is more than "
+                       f"{MAX_N} choices", "prompt")
+    params = sampling_params(body, body.max_tokens, body.logprobs, state.max_model_len,
+                             prompt_logprobs=body.logprobs if body.echo else None)
+    works = [lambda q=prompt: encode(state, q, "prompt") for prompt in prompts]
+    prepared = await prepare_all(state, params, works, "prompt", body.max_tokens,
+                                 schema_param(body))
+    echo = None
+    if body.echo:  # each prompt as given, or its token ids' text
+        tok = state.tokenizer
+        echo = [(q if isinstance(q, str) else
+                 tok.decode(p.ids, skip_special_tokens=False) if tok is not None else "", p.ids)
+                for q, p in zip(prompts, prepared)]
+    fmt = _format(state, CompletionFormat, body, prepared, params.logprobs, echo=echo)
+    return await answer(state, request, prepared, fmt, body.stream)
+
+
+async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
+    state.check_model(body.model)
+    if state.template is None:
+        raise APIError(400, "messages: this model has no tokenizer, so chat is unavailable",
+                       "messages")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
+    n_lp = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
+                  else body.max_tokens)
+    tools = plan_tools(body)
+    params = sampling_params(body, max_tokens, n_lp, state.max_model_len)
+    if tools is not None and tools.schema is not None:  # a required or named call
+        params.json_schema = tools.schema
+    if state.end_of_turn is not None:
+        params.stop_token_ids = list(params.stop_token_ids or []) + [state.end_of_turn]
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+
+    def render() -> list[int]:
+        try:
+            text = render_chat(state.template, messages, tools)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), "messages") from e
+        tok = state.tokenizer
+        bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
+        return encode(state, text, "messages",
+                      add_special_tokens=not (bos and text.startswith(bos)))
+
+    prepared = await prepare(state, params, render, "messages", max_tokens,
+                             schema_param(body, tools=tools is not None))
+    fmt = _format(state, ChatFormat, body, [prepared], n_lp, tools=tools)
+    return await answer(state, request, [prepared], fmt, body.stream)

@@ -1,0 +1,52 @@
+"""What every route of one server reads: the engine thread, the served model's name and
+context, the tokenizer and chat template, the metrics. `create_app` builds it once and
+hands it to each module of routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swaserve.checkpoint.tokenizer import Tokenizer
+from swaserve.engine.engine import Engine
+from swaserve.server.async_engine import AsyncEngine
+from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate
+from swaserve.server.errors import APIError
+from swaserve.server.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class AppState:
+    aengine: AsyncEngine
+    model_name: str
+    metrics: Metrics
+    template: ChatTemplate | None  # None: the model has no tokenizer, so no chat
+    end_of_turn: int | None  # a stop token of every chat (Gemma's, under the built-in template)
+
+    @classmethod
+    def of(cls, aengine: AsyncEngine, model_name: str, metrics: Metrics) -> AppState:
+        tok = aengine.engine.tokenizer
+        template = end_of_turn = None
+        if tok is not None:
+            template = ChatTemplate(tok.chat_template, bos_token="", eos_token="")
+            if template.builtin:
+                end_of_turn = tok.token_to_id(GEMMA_END_OF_TURN)
+        return cls(aengine, model_name, metrics, template, end_of_turn)
+
+    @property
+    def engine(self) -> Engine:
+        return self.aengine.engine
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.aengine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.aengine.engine.max_model_len
+
+    def check_model(self, name: str | None) -> None:
+        """A request naming another model is a 404 (naming none is fine)."""
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist (this server serves "
+                           f"{self.model_name!r})", "model", "not_found_error",
+                           "model_not_found")

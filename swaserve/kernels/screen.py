@@ -4,18 +4,16 @@ are multiplied exactly, so each row gets the very token q8_dpbf16's argmax gives
 
 Where it runs: a CPU with AVX-512 VNNI and BF16 and no AMX (AMD Zen 4 and 5), for the head
 calls q8_dpbf16 would take (decode steps past the head's q8_vnni rows, prompt steps). The
-head is most of such a step (batch 32 on Zen 4: 34 of 63 ms), and VPDPBUSD gives twice
-VDPBF16PS's products an instruction.
+head is most of such a step, and VPDPBUSD gives twice VDPBF16PS's products an instruction.
 
 The screen's copy of the head: its bf16 values (those q8_dpbf16 multiplies) with the input
 channels ordered by how large they run in the head's inputs and cut into groups (16, 48,
 192, 384 of Gemma 3's 640), each column's group in int8 with its own scale, and each row's
-group with its own. Tens of channels of the final hidden state run 5-10x larger than the
-rest: with one scale a row, a row kept a median of 83 columns of 262,144 (p90 2,431); with
-the groups, 3 (p90 28, max 216), over 576 real rows. The order comes from the first
-BUILD_ROWS rows the head is called with, and the copy is made then: its int8 size again in
-memory (168 MB for Gemma 3), 0.7-0.9 s on 2 cores. A row with more than CAP candidates goes
-to q8_dpbf16 alone.
+group with its own. Tens of channels of the final hidden state run several times larger
+than the rest, so one scale a row would leave far more candidates than a scale per group.
+The order comes from the first BUILD_ROWS rows the head is called with, and the copy is made
+then (its int8 size again in memory). A row with more than CAP candidates goes to q8_dpbf16
+alone.
 
 Keyed sampling rows (a temperature, no other edits: sampling/sampler.py) are screened on
 their Gumbel-max scores (screen.c): a step of greedy and sampled rows reads the copy once,
@@ -37,13 +35,13 @@ log = logging.getLogger("swaserve")
 CAP = 512  # candidates a row may keep; past them it is multiplied whole
 # each group's share of the input channels, in fortieths (Gemma 3: 16, 48, 192, 384)
 GROUP_SHARES = (1, 3, 12, 24)
-# the rows whose channels order the copy: 17 real rows ordered them as well as 576 did, one
-# row's order left 3x the candidates (its own extremes); calls before those rows are seen
-# multiply the head whole
+# the rows whose channels order the copy: a few rows order them as well as hundreds, one
+# row alone orders them by its own extremes; calls before those rows are seen multiply the
+# head whole
 BUILD_ROWS = 16
 # the head's q8_vnni rows where a screen runs: past them q8_dpbf16's tokens through the
-# screen are faster (Zen 4, greedy tokens of 8 / 12 / 16 real rows: q8_vnni 10.2 / 16.4 /
-# 23.4 ms, the screen 10.5 / 11.9 / 15.9), and a step's keyed rows are drawn there too
+# screen cost less than q8_vnni's products (benchmarks/head_screen.py --vnni-limits), and a
+# step's keyed rows are drawn there too
 VNNI_ROWS = 8
 # a keyed row under this temperature takes its logits: past 2^10 x the head's largest sums
 # its scores' bounds could overflow float32
@@ -105,7 +103,7 @@ class HeadScreen:
 
     def takes(self, x: torch.Tensor, kernel: str | None = None) -> bool:
         """Whether `self.head.argmax(x, kernel)` would run on q8_dpbf16 (`kernel` as the
-        model passes it). The screen pays from one row (Zen 4: 7 ms against 10)."""
+        model passes it); the screen pays from one row."""
         return (x.dim() == 2 and x.shape[0] > 0 and self.head.takes(x, kernel)
                 and self.head.kernel_for(x.shape[0], kernel, any_rows=True) == "dpbf16")
 

@@ -29,8 +29,7 @@ from swaserve.sampling.rows import SamplerRow, SamplingTensors, light, plain_gre
 
 # float32 bytes of whole rows a call works on at once, in runs of rows: glibc gives every
 # allocation of 32 MiB or more fresh pages from mmap, so [32, 262144] float32 temporaries
-# cost ~12 ms of page faults each (a copy into reused memory: 2.7 ms); 8 MiB ones come
-# back from the heap
+# would pay page faults on every call; 8 MiB ones come back from the heap
 SAMPLE_BYTES = 8 << 20
 
 
@@ -40,8 +39,7 @@ ARGMAX_CHUNK = 512
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     """First index of the maximum of each row of x [B, V], like `argmax`, faster on CPU.
 
-    `amax` is vectorised and ~5x faster than `max(dim)` (itself ~3x faster than `argmax`),
-    so: the maximum of every chunk of ARGMAX_CHUNK entries, the first chunk that holds the
+    `amax` is vectorised where `max(dim)` and `argmax` are not, so: the maximum of every chunk of ARGMAX_CHUNK entries, the first chunk that holds the
     row's maximum, then the index within that chunk alone."""
     b, n = x.shape
     c = ARGMAX_CHUNK
@@ -93,14 +91,14 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     def _index(self, idx: list[int]) -> torch.Tensor:
-        """Row numbers as a tensor: `index_select` gathers rows ~4x faster than t[list]."""
+        """Row numbers as a tensor: `index_select` gathers rows faster than t[list]."""
         return torch.tensor(idx, dtype=torch.int64, device=self.device)
 
     def keyed(self, rows: list[SamplerRow]) -> list[SamplerRow]:
         """Rows that sample without a seed get a fresh one from the sampler's generator, so
         every sampling row's noise is keyed by vocabulary id: a temperature-only row hashes
-        only the tokens that can win (`_seeded_gumbel_max`) where float64 exponential noise
-        for all 262,144 ids took ~11 ms a row. Greedy rows consume no randomness. The
+        only the tokens that can win (`_seeded_gumbel_max`) instead of drawing float64
+        noise for the whole vocabulary. Greedy rows consume no randomness. The
         engine keys a step's rows before its forward (the LM head may draw keyed rows'
         tokens, `keyed_rows`); a call with unkeyed rows keys them itself."""
         free = [i for i, r in enumerate(rows) if r.seed is None and not r.params.greedy]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
 os.environ.setdefault("SWASERVE_NO_PROGRESS", "1")
 # bitwise comparisons must not see a thread count change halfway (engine/threads.py);
-# tests/test_threads.py drives the governor itself
+# tests/engine/test_threads.py drives the governor itself
 os.environ.setdefault("SWASERVE_FIXED_THREADS", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -63,6 +64,94 @@ def tiny_no_sliding(tmp_path_factory):
     return str(path), model
 
 
+# Tiny checkpoints of the other families, saved by transformers' own classes: Llama 3
+# (RoPE scaling, no window), Qwen3 (q/k norm), Mistral (a window on every layer),
+# gpt-oss (sinks, MoE, YaRN)
+FAMILY_COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=512, bos_token_id=2,
+              eos_token_id=1, pad_token_id=0, rms_norm_eps=1e-6)
+
+
+def _save(model, path):
+    model.save_pretrained(str(path), safe_serialization=True)
+    return str(path), model
+
+
+def _randomize_norms(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
+    return _save(_randomize_norms(LlamaForCausalLM(cfg)), tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(4)
+    cfg = Qwen3Config(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=True)
+    return _save(_randomize_norms(Qwen3ForCausalLM(cfg)), tmp_path_factory.mktemp("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(5)
+    cfg = MistralConfig(**FAMILY_COMMON, num_hidden_layers=3, sliding_window=TINY_WINDOW, tie_word_embeddings=False)
+    return _save(_randomize_norms(MistralForCausalLM(cfg)), tmp_path_factory.mktemp("mistral"))
+
+
+def gpt_oss_config(**kw):
+    from transformers import GptOssConfig
+
+    c = dict(FAMILY_COMMON)
+    c.update(num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=TINY_WINDOW,
+             layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                              "original_max_position_embeddings": 64})
+    c.update(kw)
+    return GptOssConfig(**c)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    return _gpt_oss(tmp_path_factory, "gpt_oss")
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dim32(tmp_path_factory):
+    """Heads of 32 dims: what the prompt attention kernel takes (multiples of 16)."""
+    return _gpt_oss(tmp_path_factory, "gpt_oss_dim32", head_dim=32)
+
+
+def _gpt_oss(tmp_path_factory, name, **kw):
+    from transformers import GptOssForCausalLM
+
+    torch.manual_seed(6)
+    model = GptOssForCausalLM(gpt_oss_config(**kw))
+    with torch.no_grad():  # strong sinks, so that a missing sink changes the result
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
+            layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
+    return _save(_randomize_norms(model), tmp_path_factory.mktemp(name))
+
+
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
@@ -102,6 +191,36 @@ def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
     scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / levels
     q = (blocks / scales[:, :, None]).round().clamp(-levels, levels).to(torch.int8)
     return q8.Q8Weight(q.view(w.shape), scales).to_tiles()
+
+
+# GGUF block data for the int8 paths (kernels/q8.py, mlx/quant.py)
+def q8_0_blocks(w: np.ndarray) -> np.ndarray:
+    """w as GGUF Q8_0 blocks, quantized by the gguf package itself."""
+    import gguf
+
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+
+
+def k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random GGUF Q4_K / Q6_K data with finite float16 d (and dmin): every bit pattern
+    of the packed scales and values occurs."""
+    rng = np.random.default_rng(seed)
+    size = {"Q4_K": 144, "Q6_K": 210}[kind]
+    sb = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    d = (rng.random((len(sb), 2)) * 1e-2 + 1e-4).astype(np.float16).view(np.uint8)
+    if kind == "Q4_K":
+        sb[:, 0:4] = d
+    else:
+        sb[:, 208:210] = d[:, :2]
+    return sb.reshape(-1)
+
+
+def weight_from(kind: str, raw: np.ndarray, n: int, k: int):
+    """A Q8Weight read from Q4_K or Q6_K blocks."""
+    from swaserve.kernels import q8
+
+    return {"Q4_K": q8.Q8Weight.from_q4_k_blocks,
+            "Q6_K": q8.Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
 
 
 def use_int8_copies(eng, kind: str = "q8_0", int8_activations: bool = False) -> None:

@@ -12,15 +12,14 @@ import signal
 
 import pytest
 import torch
-from conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
-from conftest import run_logging_logits as _run
-from test_model_families import gpt_oss, llama  # noqa: F401 - fixtures
 
 from swaserve.config import EngineConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.shard import local_config
 from swaserve.engine.engine import Engine
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
+from tests.conftest import run_logging_logits as _run
 
 W = TINY_WINDOW
 
@@ -165,7 +164,8 @@ def test_the_server_serves_at_two_ranks_and_exits_when_one_dies(tiny_with_tokeni
     import time
 
     import openai
-    from conftest import start_server
+
+    from tests.conftest import start_server
 
     base, proc = start_server("--model", tiny_with_tokenizer, "--dtype", "float32",
                               "--tensor-parallel-size", "2", "--kv-memory", "64MiB",
@@ -195,7 +195,8 @@ def test_ranks_on_two_machines_meet_at_the_rendezvous(tiny_with_tokenizer):
     import sys
 
     import httpx
-    from conftest import free_port, start_server, stop_server
+
+    from tests.conftest import free_port, start_server, stop_server
 
     port = free_port()
     common = ["--model", tiny_with_tokenizer, "--dtype", "float32", "--kv-memory", "64MiB",

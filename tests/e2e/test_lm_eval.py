@@ -1,5 +1,5 @@
 """lm-eval (EleutherAI's harness) as the client (slow): its `local-completions` model
-against a live `swaserve serve` scores the small tasks in tests/lm_eval_tasks (a
+against a live `swaserve serve` scores the small tasks in tests/e2e/lm_eval_tasks (a
 loglikelihood multiple-choice task and a generate_until one, local JSONL, no hub), and its
 `hf` model runs the same tasks on the same GGUF weights in transformers (float32). Same
 accuracy, per-item loglikelihoods within 1e-3, the same generations."""
@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_server, stop_server
+
+from tests.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+TASK_DIR = Path(__file__).resolve().with_name("lm_eval_tasks")  # data paths relative to REPO
 TASKS = "swaserve_mc,swaserve_gen"
 MODEL = "gemma-3-270m-q4_k_m"
 
@@ -28,7 +30,7 @@ def lm_eval(model: str, model_args: str, out: Path) -> dict:
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     r = subprocess.run([sys.executable, "-m", "lm_eval", "--model", model, "--model_args",
-                        model_args, "--tasks", TASKS, "--include_path", "tests/lm_eval_tasks",
+                        model_args, "--tasks", TASKS, "--include_path", str(TASK_DIR),
                         "--output_path", str(out), "--log_samples", "--device", "cpu"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

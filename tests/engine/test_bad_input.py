@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import random_prompt
 
 from swaserve import LLM, EngineConfig, SamplingParams
 from swaserve.checkpoint.source import ModelLoadError
+from tests.conftest import random_prompt
 
 
 def test_unknown_model_path(tmp_path):

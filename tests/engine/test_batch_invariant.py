@@ -1,14 +1,14 @@
 """Batch-invariant mode: a request's logits do not depend on what else is in its steps.
-The real-model bf16 check is tests/test_real_model.py; these pin the parts."""
+The real-model bf16 check is tests/e2e/test_real_model.py; these pin the parts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompt
 
 from swaserve import LLM, SamplingParams
 from swaserve.models.layers import linear
+from tests.conftest import random_prompt
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -11,12 +11,12 @@ nothing. Bounded: a fixed number of derandomized examples on the tiny hybrid mod
 from __future__ import annotations
 
 import pytest
-from conftest import random_prompt, tiny_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swaserve.engine.request import FinishReason
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import random_prompt, tiny_engine
 
 EXAMPLES = 25
 # steps without a new token or a finished request: a hang (a retracted request recomputes

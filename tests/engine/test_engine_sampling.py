@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import random_prompt
-
 from swaserve import LLM, SamplingParams
+from tests.conftest import random_prompt
 
 
 def test_n_completions_share_prompt_and_follow_seed_streams(tiny_hybrid):
@@ -59,8 +58,8 @@ def test_a_sibling_that_cannot_fork_ends_where_its_first_token_ends_it(tiny_hybr
     """An n > 1 sibling with no row to fork into waits to prefill on its own, its first
     token already sampled from the parent's prompt. When that token ends it (max_tokens 1,
     a stop token) it must leave the queue finished: it stayed in it, was admitted again
-    and wrote a second token past max_tokens (found by tests/test_engine_fuzz.py)."""
-    from conftest import tiny_engine
+    and wrote a second token past max_tokens (found by tests/engine/test_engine_fuzz.py)."""
+    from tests.conftest import tiny_engine
 
     path, _ = tiny_hybrid
     prompt = random_prompt(12, seed=1)

@@ -5,11 +5,11 @@ number of times, with the greedy tokens it gets alone."""
 from __future__ import annotations
 
 import pytest
-from conftest import random_prompt, tiny_engine
 
 from swaserve.engine.request import FinishReason
 from swaserve.engine.scheduler import MAX_RETRACTIONS
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import random_prompt, tiny_engine
 
 PROMPT, NEW = 120, 24
 ROW_BYTES, PAGE_BYTES = 33216, 1024  # the tiny model's rings per row, one full-KV page

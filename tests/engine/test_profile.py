@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import random_prompt, tiny_engine, use_int8_copies
 
 from swaserve import profile
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import random_prompt, tiny_engine, use_int8_copies
 
 
 def test_profiler_is_off_by_default(tiny_hybrid):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_WINDOW, hf_logits, random_prompt, tiny_engine
 
 from swaserve.entrypoints.llm import LLM
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import TINY_WINDOW, hf_logits, random_prompt, tiny_engine
 
 PROMPT_LEN = 4 * TINY_WINDOW + 5  # past 3 windows
 

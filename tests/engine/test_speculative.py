@@ -8,14 +8,14 @@ import random
 
 import pytest
 import torch
-from conftest import TINY_WINDOW as W
-from conftest import random_prompt, tiny_engine, use_int8_copies
 
 from swaserve.engine import speculative
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.speculative import CostGate, NgramIndex
 from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import random_prompt, tiny_engine, use_int8_copies
 
 pytest.importorskip("llguidance")
 
@@ -362,13 +362,13 @@ def test_a_fault_in_a_drafted_request_fails_it_alone(tiny_with_tokenizer):
 
 @pytest.fixture(scope="module")
 def spec_app(tiny_with_tokenizer):
-    from conftest import inprocess_app
+    from tests.conftest import inprocess_app
 
     yield from inprocess_app(tiny_with_tokenizer, speculative="ngram", kv_memory="16MiB")
 
 
 def test_the_server_speculates_and_a_request_may_opt_out(spec_app, tiny_with_tokenizer):
-    from conftest import run_client
+    from tests.conftest import run_client
 
     prompt = "abc abc abc abc abc abc abc abc"
 

@@ -262,7 +262,7 @@ def test_a_trial_without_steps_like_those_before_it_gives_the_threads_back():
 
 
 def test_engine_runs_a_governor_on_the_cpu_unless_asked_not_to(tiny_hybrid, monkeypatch):
-    from conftest import tiny_engine
+    from tests.conftest import tiny_engine
 
     monkeypatch.delenv("SWASERVE_FIXED_THREADS")
     assert tiny_engine(tiny_hybrid[0], num_threads=2).governor is not None
@@ -329,9 +329,8 @@ def test_async_engine_releases_the_workers_of_the_thread_that_built_it(tiny_hybr
                                                                         monkeypatch):
     import threading
 
-    from conftest import tiny_engine
-
     from swaserve.server import async_engine
+    from tests.conftest import tiny_engine
 
     calls = []
     monkeypatch.setattr(async_engine, "release_openmp_workers",

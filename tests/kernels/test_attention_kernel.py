@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_WINDOW as W
-from conftest import hf_logits, random_prompt
 
 from swaserve.kernels import attention as kernel
 from swaserve.kernels import build
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import hf_logits, random_prompt
 
 pytestmark = pytest.mark.skipif(build.load("attention") is None,
                                 reason="no C compiler for the kernel")

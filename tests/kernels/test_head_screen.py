@@ -308,10 +308,9 @@ def run_engine(path, screen_on: bool, params_of=None):
     """A bf16 engine with an int8 head: a long prompt alone first (its chunks before the
     last give the head no rows), then 20 rows (the head on q8_dpbf16), greedy unless
     `params_of(i)` says otherwise; (each request's tokens, the engine)."""
-    from conftest import HYBRID, int8_copy, random_prompt, write_tiny_gemma3
-
     from swaserve.engine.engine import Engine
     from swaserve.sampling.params import SamplingParams
+    from tests.conftest import HYBRID, int8_copy, random_prompt, write_tiny_gemma3
 
     write_tiny_gemma3(path, HYBRID, seed=14)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -8,12 +8,7 @@ import pytest
 import torch
 
 from swaserve.kernels import q8
-
-
-def q8_0_blocks(w: np.ndarray) -> np.ndarray:
-    import gguf
-
-    return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+from tests.conftest import k_quant_blocks, q8_0_blocks, weight_from
 
 
 def test_blocks_read_as_int8_and_scales_are_the_dequantized_weights():
@@ -38,25 +33,6 @@ def test_matvec_matches_float64(m):
     ref = x.double() @ w.dequantize().double().T
     assert y.dtype == torch.float32 and y.shape == (m, 1000)
     assert torch.allclose(y.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
-
-
-def k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
-    """Random GGUF Q4_K / Q6_K data with finite float16 d (and dmin): every bit pattern
-    of the packed scales and values occurs."""
-    rng = np.random.default_rng(seed)
-    size = {"Q4_K": 144, "Q6_K": 210}[kind]
-    sb = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
-    d = (rng.random((len(sb), 2)) * 1e-2 + 1e-4).astype(np.float16).view(np.uint8)
-    if kind == "Q4_K":
-        sb[:, 0:4] = d
-    else:
-        sb[:, 208:210] = d[:, :2]
-    return sb.reshape(-1)
-
-
-def weight_from(kind: str, raw: np.ndarray, n: int, k: int) -> q8.Q8Weight:
-    return {"Q4_K": q8.Q8Weight.from_q4_k_blocks,
-            "Q6_K": q8.Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
@@ -559,10 +535,9 @@ def test_the_models_head_takes_its_own_vnni_limit(tmp_path):
     past it would go to q8_dpbf16), or where its screen runs at most screen.VNNI_ROWS (the
     screen's tokens are faster past them), and drafts may grow a step only within both
     limits."""
-    from conftest import HYBRID, write_tiny_gemma3
-
     from swaserve.engine.engine import Engine
     from swaserve.kernels import screen
+    from tests.conftest import HYBRID, write_tiny_gemma3
 
     write_tiny_gemma3(tmp_path, HYBRID, seed=3)
     eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256)
@@ -591,10 +566,9 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     """A bf16 engine with an int8 LM head: a batch of plain greedy rows (one row up to nine,
     so q8_vnni's rows and past them) gets its tokens from the head's argmaxes, and they are
     the tokens of the logits path (taken when logits are logged, or when a row samples)."""
-    from conftest import HYBRID, random_prompt, write_tiny_gemma3
-
     from swaserve.engine.engine import Engine
     from swaserve.sampling.params import SamplingParams
+    from tests.conftest import HYBRID, random_prompt, write_tiny_gemma3
 
     write_tiny_gemma3(tmp_path, HYBRID, seed=9)
     eng = Engine(model=str(tmp_path), dtype="bfloat16", kv_memory="16MiB", max_model_len=256,
@@ -642,11 +616,10 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
     the kernel the whole step's head would take, so every request's tokens and logprobs
     are those of the path that computes every row's logits (taken when logits are
     logged)."""
-    from conftest import HYBRID, random_prompt, write_tiny_gemma3
-
     from swaserve.engine.engine import Engine
     from swaserve.models.base import CausalLM
     from swaserve.sampling.params import SamplingParams
+    from tests.conftest import HYBRID, random_prompt, write_tiny_gemma3
 
     if q8.tile_kernel(9) is None:
         pytest.skip("no int8 tile kernel takes 9 decode rows here")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import random_prompt
 
 from swaserve import LLM, SamplingParams
 from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 from swaserve.memory.planner import compare_accounting, fixed_bytes_per_row, plan_memory
+from tests.conftest import random_prompt
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 

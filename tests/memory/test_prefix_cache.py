@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_WINDOW as W
-from conftest import random_prompt, use_int8_copies
-from conftest import tiny_engine as engine
 
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import random_prompt, use_int8_copies
+from tests.conftest import tiny_engine as engine
 
 TOL = 1e-4
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
-from conftest import run_logging_logits as _run
-from test_model_families import gpt_oss, llama  # noqa: F401 - fixtures
 
 from swaserve.engine.engine import Engine
 from swaserve.mlx import available
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
+from tests.conftest import run_logging_logits as _run
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
                                 "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")
@@ -67,11 +66,11 @@ def test_all_sliding_gemma3(all_sliding):
     _same(all_sliding, _prompts())
 
 
-def test_llama(llama):  # noqa: F811
+def test_llama(llama):
     _same(llama[0], _prompts())
 
 
-def test_gpt_oss_sinks_and_moe(gpt_oss):  # noqa: F811
+def test_gpt_oss_sinks_and_moe(gpt_oss):
     _same(gpt_oss[0], _prompts())
 
 

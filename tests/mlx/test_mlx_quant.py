@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_q8 import k_quant_blocks, q8_0_blocks, weight_from
 
 from swaserve.kernels import q8
 from swaserve.mlx import available
+from tests.conftest import k_quant_blocks, q8_0_blocks, weight_from
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
                                 "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import HYBRID, random_prompt, write_tiny_gemma3
 
 from swaserve.mlx import available
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
+from tests.conftest import HYBRID, random_prompt, write_tiny_gemma3
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
                                 "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")
@@ -244,7 +244,8 @@ def test_the_server_on_mlx_answers_the_openai_client_like_cpu(tiny_with_tokenize
     import asyncio
 
     import openai
-    from conftest import inprocess_app, run_client
+
+    from tests.conftest import inprocess_app, run_client
 
     async def ask(client, http):
         kw = {"model": "tiny", "max_tokens": 12, "temperature": 0.9, "top_p": 0.95}

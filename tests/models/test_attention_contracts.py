@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_WINDOW as W
-from conftest import hf_greedy, hf_logits, random_prompt
 
 from swaserve import LLM, SamplingParams
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.window_pool import EMPTY
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import hf_greedy, hf_logits, random_prompt
 
 # float32 round-off: logits of these tiny models are O(1); observed differences ~1e-6
 TOL = 1e-4

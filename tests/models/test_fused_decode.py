@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_WINDOW as W
-from conftest import int8_copy, random_prompt, tiny_engine, use_int8_copies
 
 from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import int8_copy, random_prompt, tiny_engine, use_int8_copies
 
 pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
                                 reason="no int8 tile kernel here")

@@ -12,98 +12,13 @@ import time
 
 import pytest
 import torch
-from conftest import hf_greedy, hf_logits, random_prompt, tiny_engine
 
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
+from tests.conftest import TINY_WINDOW as W
+from tests.conftest import gpt_oss_config, hf_greedy, hf_logits, random_prompt, tiny_engine
 
-W = 8
 TOL = 1e-4
-COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, max_position_embeddings=512, bos_token_id=2,
-              eos_token_id=1, pad_token_id=0, rms_norm_eps=1e-6)
-
-
-def _save(model, path):
-    model.save_pretrained(str(path), safe_serialization=True)
-    return str(path), model
-
-
-def _randomize_norms(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0, 0.3)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    cfg = LlamaConfig(**COMMON, num_hidden_layers=3, tie_word_embeddings=False,
-                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 64})
-    return _save(_randomize_norms(LlamaForCausalLM(cfg)), tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(4)
-    cfg = Qwen3Config(**COMMON, num_hidden_layers=3, tie_word_embeddings=True)
-    return _save(_randomize_norms(Qwen3ForCausalLM(cfg)), tmp_path_factory.mktemp("qwen3"))
-
-
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(5)
-    cfg = MistralConfig(**COMMON, num_hidden_layers=3, sliding_window=W, tie_word_embeddings=False)
-    return _save(_randomize_norms(MistralForCausalLM(cfg)), tmp_path_factory.mktemp("mistral"))
-
-
-def gpt_oss_config(**kw):
-    from transformers import GptOssConfig
-
-    c = dict(COMMON)
-    c.update(num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=W,
-             layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
-             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                              "original_max_position_embeddings": 64})
-    c.update(kw)
-    return GptOssConfig(**c)
-
-
-@pytest.fixture(scope="module")
-def gpt_oss(tmp_path_factory):
-    return _gpt_oss(tmp_path_factory, "gpt_oss")
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_dim32(tmp_path_factory):
-    """Heads of 32 dims: what the prompt attention kernel takes (multiples of 16)."""
-    return _gpt_oss(tmp_path_factory, "gpt_oss_dim32", head_dim=32)
-
-
-def _gpt_oss(tmp_path_factory, name, **kw):
-    from transformers import GptOssForCausalLM
-
-    torch.manual_seed(6)
-    model = GptOssForCausalLM(gpt_oss_config(**kw))
-    with torch.no_grad():  # strong sinks, so that a missing sink changes the result
-        for layer in model.model.layers:
-            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
-            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
-            layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
-    return _save(_randomize_norms(model), tmp_path_factory.mktemp(name))
-
-
 def engine(path, **kw) -> Engine:
     return tiny_engine(path, **{"chunk_size": 7, **kw})  # 7: chunk boundaries off pages
 

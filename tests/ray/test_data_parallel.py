@@ -18,7 +18,8 @@ import time
 
 import httpx
 import pytest
-from conftest import free_port
+
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")

@@ -27,7 +27,7 @@ def obj(props: dict, required: list[str] | None = None) -> dict:
 
 # nested objects, arrays, enums and bounded numbers; every language here is finite, so even
 # a random-weight model must close the value within max_tokens (unbounded decimals and free
-# keys are left to the real model's test, tests/test_real_model.py)
+# keys are left to the real model's test, tests/e2e/test_real_model.py)
 SCHEMAS = [
     obj({"a": INT}),
     obj({"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 150}}),

@@ -8,7 +8,8 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import start_server, stop_server
+
+from tests.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
 KEY = "test-key"

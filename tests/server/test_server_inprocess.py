@@ -10,7 +10,8 @@ import json
 
 import httpx
 import pytest
-from conftest import inprocess_app
+
+from tests.conftest import inprocess_app
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
@@ -56,7 +57,7 @@ ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
                           "logprobs": True}),
     ("chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "max_tokens": 4}),
-    # found by tests/test_fuzz.py: text parts beside tool calls with empty arguments
+    # found by tests/server/test_fuzz.py: text parts beside tool calls with empty arguments
     ("chat/completions", {"messages": [{"role": "tool", "content": [{"type": "text", "text": ""}],
                                         "tool_calls": [{"id": "", "function": {
                                             "name": "", "arguments": ""}}]}], "max_tokens": 2}),

@@ -16,7 +16,8 @@ import time
 
 import httpx
 import pytest
-from conftest import start_server, stop_server
+
+from tests.conftest import start_server, stop_server
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}

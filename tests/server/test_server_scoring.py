@@ -8,7 +8,14 @@ import json
 
 import pytest
 import torch
-from conftest import HYBRID, inprocess_app, run_client, write_byte_bpe_tokenizer, write_tiny_gemma3
+
+from tests.conftest import (
+    HYBRID,
+    inprocess_app,
+    run_client,
+    write_byte_bpe_tokenizer,
+    write_tiny_gemma3,
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import json
 
 import jsonschema
 import pytest
-from conftest import inprocess_app, run_client
 
 from swaserve.server.tools import parse_auto
+from tests.conftest import inprocess_app, run_client
 
 pytest.importorskip("llguidance")
 

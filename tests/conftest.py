@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,48 @@ os.environ.setdefault("SWASERVE_FIXED_THREADS", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 TINY_WINDOW = 8
+
+# The device the device-independent tests build their engines on: cpu unless
+# SWASERVE_TEST_DEVICE names another (cuda, cuda:1). Tests of what only the CPU has (the
+# C kernels, AMX/VNNI, the thread governor, MLX on its CPU build) carry the cpu_only
+# marker and skip there; kernels/ and mlx/ carry it whole.
+TEST_DEVICE = os.environ.get("SWASERVE_TEST_DEVICE", "cpu")
+CPU_ONLY_FOLDERS = ("kernels", "mlx")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only: tests of what only the CPU has; skipped "
+                                       "where SWASERVE_TEST_DEVICE is not cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason=f"CPU only; SWASERVE_TEST_DEVICE is {TEST_DEVICE}")
+    for item in items:
+        if item.path.parent.parent == here and item.path.parent.name in CPU_ONLY_FOLDERS:
+            item.add_marker(pytest.mark.cpu_only)
+        if TEST_DEVICE != "cpu" and item.get_closest_marker("cpu_only"):
+            item.add_marker(skip)
+
+
+def drive(engine, until=None, *, max_steps: int = 10_000, check_integrity: bool = False,
+          each_step=None) -> int:
+    """Step `engine` until `until()` holds (by default: until it has no unfinished request);
+    the number of steps taken. `check_integrity` checks the pools after every step,
+    `each_step(engine)` runs after every step; a run past `max_steps` fails the test, so
+    that a hang is a failure instead of a spin."""
+    done = until or (lambda: not engine.has_unfinished())
+    steps = 0
+    while not done():
+        if steps >= max_steps:
+            pytest.fail(f"still running after {max_steps} steps")
+        engine.step()
+        steps += 1
+        if check_integrity:
+            engine.check_integrity()
+        if each_step is not None:
+            each_step(engine)
+    return steps
 
 
 def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0,
@@ -157,6 +200,11 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()
 
 
+def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax over ids: row i predicts token i + 1."""
+    return torch.log_softmax(hf_logits(model, ids), dim=-1)
+
+
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     """transformers' greedy continuation of n tokens, eos included like ignore_eos (its
     generate() with min_new_tokens would ban eos instead)."""
@@ -168,11 +216,12 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def tiny_engine(path, **kw):
-    """An Engine for a tiny checkpoint: float32, small pool and pages (override any)."""
+    """An Engine for a tiny checkpoint: float32 on TEST_DEVICE, small pool and pages
+    (override any)."""
     from swaserve.engine.engine import Engine
 
     kw = {"dtype": "float32", "kv_memory": "16MiB", "max_running_requests": 8,
-          "page_size": 4, "chunk_size": 16, **kw}
+          "page_size": 4, "chunk_size": 16, "device": TEST_DEVICE, **kw}
     return Engine(model=path, **kw)
 
 
@@ -239,8 +288,7 @@ def run_logging_logits(eng, prompts, params):
     sampled logits rows as (position, float32 row) in step order."""
     eng.logits_log = []
     reqs = [r for p in prompts for r in eng.add_request(p, params)]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     logs: dict[str, list] = {}
     for rid, pos, row in eng.logits_log:
         logs.setdefault(rid, []).append((pos, row))
@@ -335,31 +383,43 @@ def stop_server(proc, timeout: float = 60) -> str:
     return out
 
 
-def inprocess_app(path: str, **engine_kw):
-    """An app over a float32 Engine of `path` (a generator for a fixture: yields the app,
-    then shuts the engine down and checks that its memory is whole again)."""
+def inprocess_served(path: str, **engine_kw):
+    """An app (model name "tiny") over a float32 Engine of `path` on TEST_DEVICE, with its
+    AsyncEngine (a generator for a fixture: yields (app, AsyncEngine), then shuts the engine
+    down and checks that its memory is whole again)."""
     from swaserve.engine.engine import Engine
     from swaserve.server.app import create_app
     from swaserve.server.async_engine import AsyncEngine
 
-    eng = Engine(model=path, dtype="float32", **engine_kw)
+    eng = Engine(model=path, **{"dtype": "float32", "device": TEST_DEVICE, **engine_kw})
     aeng = AsyncEngine(eng)
-    yield create_app(aeng, "tiny")
+    yield create_app(aeng, "tiny"), aeng
     aeng.shutdown()
     assert eng.cache.is_fully_free()
 
 
+def inprocess_app(path: str, **engine_kw):
+    """inprocess_served's app alone (a generator for a fixture, the same shutdown)."""
+    for app, _ in inprocess_served(path, **engine_kw):
+        yield app
+
+
+def asgi_client(app, timeout: float = 60):
+    """An httpx.AsyncClient on the app in process (httpx's ASGI transport), at http://t."""
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                             timeout=timeout)
+
+
 def run_client(app, fn):
-    """fn(openai.AsyncOpenAI, httpx.AsyncClient) against the app in process (httpx's ASGI
-    transport), its result."""
+    """fn(openai.AsyncOpenAI, httpx.AsyncClient) against the app in process, its result."""
     import asyncio
 
-    import httpx
     import openai
 
     async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t", timeout=60) as http:
+        async with asgi_client(app) as http:
             client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x",
                                         http_client=http, max_retries=0)
             return await fn(client, http)

@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 
+from tests.conftest import drive
+
 pytestmark = pytest.mark.slow
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -53,8 +55,7 @@ def test_logits_and_greedy_match_transformers_past_two_windows(gguf_path, hf_mod
     assert len(prompt) == 1300  # crosses the 512 window twice
     eng.logits_log = []
     req = eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     ours = torch.stack([lg for _, _, lg in eng.logits_log])
     full = torch.tensor([prompt + req.output_token_ids[:-1]])
     with torch.no_grad():

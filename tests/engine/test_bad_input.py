@@ -9,7 +9,7 @@ import pytest
 
 from swaserve import LLM, EngineConfig, SamplingParams
 from swaserve.checkpoint.source import ModelLoadError
-from tests.conftest import random_prompt
+from tests.conftest import TEST_DEVICE, random_prompt
 
 
 def test_unknown_model_path(tmp_path):
@@ -51,7 +51,8 @@ def test_bad_engine_config(kw, name):
 
 def test_prompt_errors_name_the_problem(tiny_hybrid):
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="float32", kv_memory="64MiB", max_running_requests=4, max_model_len=64)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory="64MiB", max_running_requests=4,
+              max_model_len=64)
     with pytest.raises(ValueError, match="prompt: must not be empty"):
         llm.generate([[]])
     with pytest.raises(ValueError, match="max_model_len"):
@@ -70,8 +71,8 @@ def test_prompt_errors_name_the_problem(tiny_hybrid):
 
 def test_never_fitting_request_fails_at_once(tiny_hybrid):
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="float32", kv_memory=60_000, max_running_requests=2, page_size=8,
-              chunk_size=16, prefix_cache=False)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory=60_000, max_running_requests=2,
+              page_size=8, chunk_size=16, prefix_cache=False)
     cap = llm.engine.cache.num_total_pages * 8
     with pytest.raises(ValueError, match="full-KV pages"):
         llm.generate([random_prompt(cap + 1, 3)], SamplingParams(max_tokens=4))

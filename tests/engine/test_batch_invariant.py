@@ -8,7 +8,7 @@ import torch
 
 from swaserve import LLM, SamplingParams
 from swaserve.models.layers import linear
-from tests.conftest import random_prompt
+from tests.conftest import TEST_DEVICE, random_prompt
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -33,7 +33,7 @@ def test_row_blocks_give_every_row_the_bits_it_gets_alone(dtype):
 
 def test_prompts_are_chunked_at_fixed_positions_and_decodes_never_wait(tiny_hybrid):
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="bfloat16", batch_invariant=True, chunk_size=16,
+    llm = LLM(path, dtype="bfloat16", device=TEST_DEVICE, batch_invariant=True, chunk_size=16,
               max_running_requests=12)
     eng = llm.engine
     assert eng.cache.prefix is None  # a hit would start a prompt's chunks at the hit
@@ -69,7 +69,7 @@ def test_alone_and_in_a_crowd_bitwise(tiny_hybrid, dtype):
     """float32 too: its attention takes SDPA's math kernel in this mode (torch's float32
     flash kernel gives different bits on different threads on some CPUs)."""
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype=dtype, batch_invariant=True, chunk_size=16,
+    llm = LLM(path, dtype=dtype, device=TEST_DEVICE, batch_invariant=True, chunk_size=16,
               max_running_requests=40)
     eng = llm.engine
     probe = random_prompt(37, 99)

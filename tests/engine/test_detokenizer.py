@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from swaserve.checkpoint.source import resolve_model
 from swaserve.checkpoint.tokenizer import load_tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
+from tests.conftest import TEST_DEVICE
 
 EXAMPLES = 300
 
@@ -109,5 +110,5 @@ def test_a_stop_string_ends_the_text_where_it_first_begins(stop_engine, data):
 def stop_engine(tiny_with_tokenizer):
     from swaserve.engine.engine import Engine
 
-    return Engine(model=tiny_with_tokenizer, dtype="float32", kv_memory="4MiB",
+    return Engine(model=tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, kv_memory="4MiB",
                   max_running_requests=2, page_size=4, chunk_size=16, overlap=False)

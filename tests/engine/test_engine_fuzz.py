@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from swaserve.engine.request import FinishReason
 from swaserve.sampling.params import SamplingParams
-from tests.conftest import random_prompt, tiny_engine
+from tests.conftest import drive, random_prompt, tiny_engine
 
 EXAMPLES = 25
 # steps without a new token or a finished request: a hang (a retracted request recomputes
@@ -70,8 +70,7 @@ def engine(path, pages: int = 40, **kw):
 
 def run_alone(eng, prompt: list[int], params: SamplingParams) -> list:
     reqs = eng.add_request(prompt, params)
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     return reqs
 
 

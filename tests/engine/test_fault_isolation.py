@@ -12,10 +12,11 @@ from swaserve.engine.faults import FaultInjector, InjectedFault
 from swaserve.engine.request import FinishReason
 from swaserve.mlx import available as mlx_available
 from swaserve.sampling.params import SamplingParams
+from tests.conftest import TEST_DEVICE, drive
 
 pytest.importorskip("llguidance")
-MLX = pytest.mark.skipif(not mlx_available(), reason="mlx is not installed "
-                         "(pip install \"mlx[cpu]\" on Linux)")
+MLX = [pytest.mark.skipif(not mlx_available(), reason="mlx is not installed "
+                          "(pip install \"mlx[cpu]\" on Linux)"), pytest.mark.cpu_only]
 
 
 def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
@@ -34,7 +35,7 @@ def batch_of_8(vocab: int) -> list[tuple[list[int], SamplingParams]]:
 
 
 def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
-        device: str = "cpu", **kw) -> tuple[Engine, list]:
+        device: str = TEST_DEVICE, **kw) -> tuple[Engine, list]:
     """The batch, with `faults` armed after `arm_after` steps. On the CPU in batch-invariant
     mode: a failed row leaves its neighbours in a smaller batch, and the CPU's BLAS rounds
     some rows of a float32 batch of 7 differently from the same rows in a batch of 8 (AMD
@@ -57,12 +58,12 @@ def run(path: str, faults: FaultInjector | None = None, arm_after: int = 0,
 
 
 @pytest.mark.parametrize("stage, victim, arm_after, overlap, device", [
-    ("sampler", "r1", 0, False, "cpu"),  # at the prompt's first token
-    ("sampler", "r5", 4, True, "cpu"),  # mid-decode, with the next step already in flight
-    ("detokenizer", "r2", 3, False, "cpu"),
-    ("detokenizer", "r0", 0, True, "cpu"),
-    ("grammar", "r4", 2, False, "cpu"),  # the mask of one of two grammar rows
-    ("grammar", "r6", 0, True, "cpu"),
+    ("sampler", "r1", 0, False, TEST_DEVICE),  # at the prompt's first token
+    ("sampler", "r5", 4, True, TEST_DEVICE),  # mid-decode, with the next step already in flight
+    ("detokenizer", "r2", 3, False, TEST_DEVICE),
+    ("detokenizer", "r0", 0, True, TEST_DEVICE),
+    ("grammar", "r4", 2, False, TEST_DEVICE),  # the mask of one of two grammar rows
+    ("grammar", "r6", 0, True, TEST_DEVICE),
     pytest.param("sampler", "r1", 0, False, "mlx", marks=MLX),  # the MLX sampler's graph
     pytest.param("sampler", "r5", 4, True, "mlx", marks=MLX),
     pytest.param("grammar", "r4", 2, True, "mlx", marks=MLX),
@@ -86,7 +87,7 @@ def test_a_faulty_request_fails_alone(tiny_with_tokenizer, stage, victim, arm_af
     assert eng.cache.is_fully_free()
 
 
-@pytest.mark.parametrize("overlap, device", [(False, "cpu"), (True, "cpu"),
+@pytest.mark.parametrize("overlap, device", [(False, TEST_DEVICE), (True, TEST_DEVICE),
                                              pytest.param(True, "mlx", marks=MLX)])
 def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_tokenizer, overlap,
                                                                  device):
@@ -102,8 +103,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_token
     eng.faults = None
     prompt, params = batch_of_8(eng.vocab_size)[2]
     again = eng.add_request(prompt, params, request_id="after")[0]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     _, fresh = run(tiny_with_tokenizer, overlap=overlap, device=device)
     assert again.output_token_ids == fresh[2].output_token_ids
     assert eng.cache.is_fully_free()
@@ -112,7 +112,8 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(tiny_with_token
 def test_the_offline_api_reports_the_failed_request(tiny_with_tokenizer):
     from swaserve import LLM
 
-    llm = LLM(tiny_with_tokenizer, dtype="float32", kv_memory="16MiB", max_running_requests=4)
+    llm = LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, kv_memory="16MiB",
+              max_running_requests=4)
     faults = FaultInjector()
     faults.arm("sampler", "req-1")
     llm.engine.faults = faults

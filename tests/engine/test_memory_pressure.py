@@ -9,7 +9,7 @@ import pytest
 from swaserve.engine.request import FinishReason
 from swaserve.engine.scheduler import MAX_RETRACTIONS
 from swaserve.sampling.params import SamplingParams
-from tests.conftest import random_prompt, tiny_engine
+from tests.conftest import drive, random_prompt, tiny_engine
 
 PROMPT, NEW = 120, 24
 ROW_BYTES, PAGE_BYTES = 33216, 1024  # the tiny model's rings per row, one full-KV page
@@ -24,7 +24,7 @@ def crowd_engine(path, pages: int = 80, **kw):
     return eng
 
 
-def drive(eng, arrivals: dict[int, list[tuple[list[int], SamplingParams]]], max_steps: int):
+def run_arrivals(eng, arrivals: dict[int, list[tuple[list[int], SamplingParams]]], max_steps: int):
     reqs, steps = [], 0
     while steps == 0 or eng.has_unfinished() or any(s >= steps for s in arrivals):
         for prompt, p in arrivals.get(steps, []):
@@ -51,7 +51,7 @@ def test_every_request_of_a_crowd_finishes(tiny_hybrid, stagger, prompt_len, new
     for i, p in enumerate(prompts):  # all at once, or one every `stagger` steps
         arrivals.setdefault(i * stagger, []).append((p, params))
     # one request after another, each alone, would take 16 * (1-3 prefill steps + new)
-    reqs, steps = drive(eng, arrivals, max_steps=16 * (3 + new))
+    reqs, steps = run_arrivals(eng, arrivals, max_steps=16 * (3 + new))
     assert all(r.finish_reason is FinishReason.LENGTH for r in reqs)
     assert max(r.num_preemptions for r in reqs) <= MAX_RETRACTIONS
     if new > prompt_len:
@@ -62,8 +62,7 @@ def test_every_request_of_a_crowd_finishes(tiny_hybrid, stagger, prompt_len, new
     alone = crowd_engine(path, pages)
     for prompt, r in zip(prompts[::5], reqs[::5]):  # retraction recomputes exactly
         ref = alone.add_request(prompt, params)[0]
-        while alone.has_unfinished():
-            alone.step()
+        drive(alone)
         assert r.output_token_ids == ref.output_token_ids
 
 
@@ -73,11 +72,9 @@ def test_the_oldest_request_is_never_the_victim(tiny_hybrid):
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     first = eng.add_request(random_prompt(PROMPT, 1), params)[0]
     later = [eng.add_request(random_prompt(PROMPT, 2 + i), params)[0] for i in range(6)]
-    while not first.is_finished:
-        eng.step()
+    drive(eng, until=lambda: first.is_finished)
     assert first.num_preemptions == 0
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert all(r.finish_reason is FinishReason.LENGTH for r in later)
 
 

@@ -9,6 +9,7 @@ import pytest
 from swaserve import LLM, SamplingParams
 from swaserve.engine import scheduler
 from swaserve.engine.engine import Engine
+from tests.conftest import TEST_DEVICE, drive
 
 pytest.importorskip("llguidance")
 
@@ -41,7 +42,7 @@ def mixed_workload(vocab: int) -> list[tuple[str | list[int], SamplingParams]]:
 
 
 def run(path: str, overlap: bool, **kw) -> tuple[list[list[list[int]]], int]:
-    llm = LLM(path, dtype="float32", overlap=overlap, **kw)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, overlap=overlap, **kw)
     eng = llm.engine
     work = mixed_workload(eng.vocab_size)
     groups = [eng.add_request(prompt, p) for prompt, p in work]
@@ -71,34 +72,32 @@ def test_overlap_on_and_off_give_identical_outputs(tiny_with_tokenizer, kw, monk
 
 
 def test_free_rows_chain_and_grammar_rows_do_not(tiny_with_tokenizer):
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", overlap=True)
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, overlap=True)
     eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     eng.step()  # prefill, read back; the first decode is already launched behind it
     eng.step()
     assert eng.step_in_flight is not None and eng.step_in_flight.chain_safe
     eng.add_request([8, 9], SamplingParams(temperature=0, max_tokens=8, json_schema=SCHEMA))
-    while eng.step_in_flight is None or not any(
-            r.grammar is not None for _, r in eng.step_in_flight.owners):
-        eng.step()
+    drive(eng, until=lambda: eng.step_in_flight is not None and any(
+        r.grammar is not None for _, r in eng.step_in_flight.owners))
     assert not eng.step_in_flight.chain_safe
     eng.settle()
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert eng.cache.is_fully_free()
 
 
 def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer):
     """A row that stops on a token read while the next step already computes it: that
     surplus token is dropped and its memory outlives the step, not the other way round."""
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", prefix_cache=False, overlap=True)
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE,
+                 prefix_cache=False, overlap=True)
     plain = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    first = LLM(tiny_with_tokenizer, dtype="float32", overlap=False).generate(
+    first = LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, overlap=False).generate(
         [5, 6, 7], plain)[0].token_ids
     stop_at = first[4]
     req = eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=30,
                                                     stop_token_ids=[stop_at]))[0]
-    while not req.is_finished:
-        eng.step()
+    drive(eng, until=lambda: req.is_finished)
     assert req.output_token_ids == first[:first.index(stop_at) + 1]
     assert eng.step_in_flight is not None and req.row is not None  # held by the step in flight
     eng.check_integrity()
@@ -109,8 +108,8 @@ def test_stop_while_next_step_computes_frees_memory_after_it(tiny_with_tokenizer
 def test_overlap_is_off_by_default_on_a_cpu_and_on_when_asked(tiny_with_tokenizer):
     """On a CPU the forward keeps every core busy and host work beside it only slows it
     (benchmarks/README.md): off unless asked for."""
-    assert LLM(tiny_with_tokenizer, dtype="float32").engine.overlap is False
-    eng = LLM(tiny_with_tokenizer, dtype="float32", overlap=True).engine
+    assert LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE).engine.overlap is False
+    eng = LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, overlap=True).engine
     eng.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     eng.step()
     assert eng.overlap and eng.step_in_flight is not None  # the next step computes already

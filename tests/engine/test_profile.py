@@ -38,6 +38,7 @@ def test_profiled_steps_split_into_parts_that_add_up(tiny_hybrid):
         profile.stop()
 
 
+@pytest.mark.cpu_only
 def test_the_fused_decode_call_reports_its_kernels_parts(tiny_hybrid):
     """A fused decode step (kernels/decode.c) is one C call: its own timers split it into
     the projections, attention and norms of the layer-by-layer path, what is left (the

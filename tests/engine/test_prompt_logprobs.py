@@ -8,14 +8,9 @@ import torch
 
 from swaserve.entrypoints.llm import LLM
 from swaserve.sampling.params import SamplingParams
-from tests.conftest import TINY_WINDOW, hf_logits, random_prompt, tiny_engine
+from tests.conftest import TEST_DEVICE, TINY_WINDOW, drive, hf_logprobs, random_prompt, tiny_engine
 
 PROMPT_LEN = 4 * TINY_WINDOW + 5  # past 3 windows
-
-
-def reference(model, prompt: list[int]) -> torch.Tensor:
-    """transformers' log-softmax over the prompt: row i predicts token i + 1."""
-    return torch.log_softmax(hf_logits(model, prompt), dim=-1)
 
 
 def check_against(ref: torch.Tensor, prompt: list[int], plp: list, top_n: int) -> None:
@@ -33,7 +28,7 @@ def check_against(ref: torch.Tensor, prompt: list[int], plp: list, top_n: int) -
 
 def llm_for(path: str, chunk: int, **kw) -> LLM:
     kw = {"dtype": "float32", "kv_memory": "16MiB", "max_running_requests": 4,
-          "page_size": 4, "chunk_size": chunk, **kw}
+          "page_size": 4, "chunk_size": chunk, "device": TEST_DEVICE, **kw}
     return LLM(path, **kw)
 
 
@@ -42,7 +37,7 @@ def test_prompt_logprobs_equal_transformers_cold_and_after_a_prefix_hit(tiny_hyb
     path, model = tiny_hybrid
     llm = llm_for(path, chunk)
     prompt = random_prompt(PROMPT_LEN, 11)
-    ref = reference(model, prompt)
+    ref = hf_logprobs(model, prompt)
 
     cold = llm.generate([prompt], SamplingParams(prompt_logprobs=3, max_tokens=2,
                                                  temperature=0))[0]
@@ -60,7 +55,7 @@ def test_prompt_logprobs_equal_transformers_cold_and_after_a_prefix_hit(tiny_hyb
     longer = prompt + random_prompt(9, 12)
     out = llm.generate([longer], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
     assert out.num_cached_tokens == 0
-    check_against(reference(model, longer), longer, out.prompt_logprobs, 0)
+    check_against(hf_logprobs(model, longer), longer, out.prompt_logprobs, 0)
     assert llm.engine.cache.is_fully_free()
 
 
@@ -70,7 +65,7 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(tiny_hybrid):
     prompt = random_prompt(20, 13)
     out = llm.generate([prompt], SamplingParams(prompt_logprobs=1, max_tokens=0))[0]
     assert out.token_ids == [] and out.text == "" and out.finish_reason == "length"
-    check_against(reference(model, prompt), prompt, out.prompt_logprobs, 1)
+    check_against(hf_logprobs(model, prompt), prompt, out.prompt_logprobs, 1)
     one = llm.generate([[5]], SamplingParams(prompt_logprobs=2, max_tokens=0))[0]
     assert one.prompt_logprobs == [None] and one.token_ids == []
 
@@ -97,7 +92,7 @@ def test_scoring_beside_other_requests_changes_nobody(tiny_hybrid, overlap):
         if sp.prompt_logprobs is None:
             assert out.prompt_logprobs is None
         else:
-            check_against(reference(model, p), p, out.prompt_logprobs, sp.prompt_logprobs)
+            check_against(hf_logprobs(model, p), p, out.prompt_logprobs, sp.prompt_logprobs)
 
 
 def test_prompt_logprobs_survive_retraction(tiny_hybrid):
@@ -110,11 +105,10 @@ def test_prompt_logprobs_survive_retraction(tiny_hybrid):
     prompts = [random_prompt(24, 40 + i) for i in range(6)]
     reqs = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True,
                                               prompt_logprobs=1))[0] for p in prompts]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert eng.scheduler.num_preemptions > 0  # the pool was too small for all at once
     for p, r in zip(prompts, reqs):
-        check_against(reference(model, p), p, r.prompt_logprobs, 1)
+        check_against(hf_logprobs(model, p), p, r.prompt_logprobs, 1)
 
 
 def test_prompt_logprobs_parameter_is_checked():

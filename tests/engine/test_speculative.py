@@ -15,7 +15,7 @@ from swaserve.engine.speculative import CostGate, NgramIndex
 from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import random_prompt, tiny_engine, use_int8_copies
+from tests.conftest import drive, random_prompt, tiny_engine, use_int8_copies
 
 pytest.importorskip("llguidance")
 
@@ -176,6 +176,7 @@ def test_batch_invariant_mode_takes_drafts_too(tiny_hybrid):
     assert stats.accepted > 0
 
 
+@pytest.mark.cpu_only
 @pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
                     reason="no int8 tile kernel here")
 @pytest.mark.parametrize("batch", [1, 2, 4])
@@ -197,8 +198,7 @@ def test_int8_fused_decode_verifies_drafts_with_the_bits_of_plain_decode(tiny_hy
         use_int8_copies(eng)
         eng.logits_log = []
         reqs = [eng.add_request(*w)[0] for w in work]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         outs.append(([r.output_token_ids for r in reqs], eng))
     (a, off), (b, on) = outs
     assert a == b
@@ -315,11 +315,11 @@ def test_no_draft_is_longer_than_what_the_request_may_still_write(tiny_hybrid):
     rep = [4, 5, 6] * 10
     a = eng.add_request(rep, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
     b = eng.add_request(rep, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))[0]
-    while eng.has_unfinished():
-        eng.step()
-        eng.check_integrity()
+
+    def within_bounds(eng):
         for r in (a, b):
             assert r.num_tokens <= r.max_total_tokens
+    drive(eng, check_integrity=True, each_step=within_bounds)
     assert len(a.output_token_ids) == 7 and len(b.output_token_ids) == 64 - 30
     assert eng.speculator.stats.accepted > 0
 
@@ -332,8 +332,7 @@ def test_a_request_can_opt_out_and_unseeded_ones_draw_a_seed(tiny_hybrid):
     free = eng.add_request(rep, SamplingParams(temperature=1.0, max_tokens=20, n=2))
     assert out.seed is None and all(r.seed is not None for r in free)
     assert free[0].seed != free[1].seed
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert out.request_id not in eng.speculator.stats.states
     assert len(out.output_token_ids) == 20
     with pytest.raises(ValueError, match="speculative"):
@@ -403,8 +402,7 @@ def test_a_speculator_that_raises_costs_its_drafts_only(tiny_hybrid):
 
     eng.speculator.drafts = broken
     groups = [eng.add_request(*w) for w in work]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert [[r.output_token_ids for r in g] for g in groups] == [[t for t, *_ in g] for g in off]
     assert all(r.finish_reason.value != "error" for g in groups for r in g)
 
@@ -423,8 +421,7 @@ def test_the_index_reads_a_bounded_lookback(monkeypatch):
 def test_a_draft_never_evicts_a_cached_prefix(tiny_hybrid):
     eng = spec_engine(tiny_hybrid[0], speculative="ngram", window_cache_memory="16KiB")
     first = eng.add_request([4, 5, 6] * 8, SamplingParams(temperature=0, max_tokens=4))[0]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     req = eng.add_request([9, 9, 9], SamplingParams(temperature=0, max_tokens=40))[0]
     eng.step()  # its prompt: one page, its first token
     alloc = eng.cache.window_pages.allocator

@@ -14,6 +14,8 @@ import pytest
 from swaserve.engine import threads
 from swaserve.engine.threads import BACKOFF_S, BASELINE, TRIAL_MAX, WINDOW, ThreadGovernor
 
+pytestmark = pytest.mark.cpu_only  # the governor of the CPU's threads
+
 FREE_AFTER = 3 * threads.CHECK_S  # seconds of idle cores that free them
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swaserve.kernels import q8, screen
+from tests.conftest import drive
 
 pytestmark = pytest.mark.skipif(not screen.available(),
                                 reason="no AVX-512 VNNI and BF16 without AMX (or no compiler)")
@@ -319,11 +320,9 @@ def run_engine(path, screen_on: bool, params_of=None):
                  max_model_len=64, prefix_cache=False, chunk_size=16)
     eng.model.use_q8({"lm_head": int8_copy(eng.model.embed)}, head_screen=screen_on)
     reqs = [eng.add_request(random_prompt(40, 99), greedy)[0]]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     reqs += [eng.add_request(random_prompt(4 + i, i), params_of(i))[0] for i in range(20)]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     return [r.output_token_ids for r in reqs], eng
 
 

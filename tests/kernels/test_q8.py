@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swaserve.kernels import q8
-from tests.conftest import k_quant_blocks, q8_0_blocks, weight_from
+from tests.conftest import drive, k_quant_blocks, q8_0_blocks, weight_from
 
 
 def test_blocks_read_as_int8_and_scales_are_the_dequantized_weights():
@@ -595,8 +595,7 @@ def test_a_greedy_batch_takes_the_heads_argmaxes_with_the_same_tokens(tmp_path, 
     def run(log: bool, params: list[SamplingParams]):
         eng.logits_log = [] if log else None
         reqs = [eng.add_request(p, q)[0] for p, q in zip(prompts, params)]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         return [r.output_token_ids for r in reqs]
 
     fast = run(False, greedy)
@@ -652,8 +651,7 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
     def run(log: bool):
         eng.logits_log = [] if log else None
         reqs = [eng.add_request(p, q)[0] for p, q in zip(prompts, params)]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         return [(r.output_token_ids, r.logprobs) for r in reqs]
 
     fast = run(False)

@@ -7,7 +7,7 @@ import pytest
 from swaserve import LLM, SamplingParams
 from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 from swaserve.memory.planner import compare_accounting, fixed_bytes_per_row, plan_memory
-from tests.conftest import random_prompt
+from tests.conftest import TEST_DEVICE, random_prompt
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
@@ -111,14 +111,15 @@ def test_rings_hold_a_draft_longer_than_a_chunk_and_plan_shows_it(tiny_hybrid):
     assert cfg.step_tokens == 101 and EngineConfig(chunk_size=64).step_tokens == 64
     lay = plan_report(cfg, context=8192)["layers"]
     assert lay["ring"] == 512 + 112 and lay["draft_allowance"] == 112 - 64  # 16-token pages
-    eng = LLM(tiny_hybrid[0], dtype="float32", kv_memory="3MiB", max_running_requests=4,
-              page_size=4, chunk_size=4, speculative="ngram", num_draft_tokens=6).engine
+    eng = LLM(tiny_hybrid[0], dtype="float32", device=TEST_DEVICE, kv_memory="3MiB",
+              max_running_requests=4, page_size=4, chunk_size=4, speculative="ngram",
+              num_draft_tokens=6).engine
     assert eng.cache.window.ring == 8 + 8 and eng.cache.nbytes() == eng.plan.used_bytes
 
 
 def test_engine_allocates_exactly_its_plan(tiny_hybrid):
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="float32", kv_memory="3MiB", max_running_requests=4)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory="3MiB", max_running_requests=4)
     eng = llm.engine
     assert eng.cache.nbytes() == eng.plan.used_bytes <= 3 * MIB
 
@@ -133,8 +134,8 @@ def test_admission_boundary_and_no_double_charge(tiny_hybrid):
 
     ring = lay.ring_size(16, 8)
     budget = 2 * fixed_bytes_per_row(lay, ring, 4, 512) + 2 * 8 * full_bytes_per_token(lay, 4)
-    llm = LLM(path, dtype="float32", kv_memory=budget, max_running_requests=2, page_size=8,
-              chunk_size=16, prefix_cache=False)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory=budget, max_running_requests=2,
+              page_size=8, chunk_size=16, prefix_cache=False)
     eng = llm.engine
     assert eng.cache.num_total_pages == 2
     eng.add_request(random_prompt(15, 1), SamplingParams(temperature=0, max_tokens=1))
@@ -142,8 +143,8 @@ def test_admission_boundary_and_no_double_charge(tiny_hybrid):
     assert len(batch.seqs) == 1  # needed (2) <= free (2): admitted at the boundary
     # a chunked continuation keeps its row and is charged only for new pages (without
     # overlap, so that each step's pages are seen before the next step is scheduled)
-    eng2 = LLM(path, dtype="float32", kv_memory="8MiB", max_running_requests=1, page_size=8,
-               chunk_size=8, overlap=False).engine
+    eng2 = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory="8MiB", max_running_requests=1,
+               page_size=8, chunk_size=8, overlap=False).engine
     calls = []
     eng2.cache.rows.register_on_alloc_rows(calls.append)
     r = eng2.add_request(random_prompt(40, 2), SamplingParams(temperature=0, max_tokens=2))[0]
@@ -157,8 +158,8 @@ def test_admission_boundary_and_no_double_charge(tiny_hybrid):
 
 def test_burst_of_100_on_small_pool_completes(tiny_hybrid):
     path, _ = tiny_hybrid
-    llm = LLM(path, dtype="float32", kv_memory="1MiB", max_running_requests=6, page_size=8,
-              chunk_size=32)
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory="1MiB", max_running_requests=6,
+              page_size=8, chunk_size=32)
     prompts = [random_prompt(5 + (i * 7) % 40, i) for i in range(100)]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert all(len(o.token_ids) == 8 for o in outs)

@@ -8,7 +8,7 @@ import torch
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import random_prompt, use_int8_copies
+from tests.conftest import drive, random_prompt, use_int8_copies
 from tests.conftest import tiny_engine as engine
 
 TOL = 1e-4
@@ -18,8 +18,7 @@ def run(eng: Engine, prompts, max_tokens=12):
     eng.logits_log = []
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     reqs = [eng.add_request(p, params)[0] for p in prompts]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     out = [(r.output_token_ids, r.num_cached_tokens,
             [lg for rid, _, lg in eng.logits_log if rid == r.request_id]) for r in reqs]
     for r in reqs:
@@ -124,14 +123,12 @@ def test_eviction_never_touches_pages_in_use(tiny_hybrid):
     eng = engine(path, kv_memory="300KiB", max_running_requests=4)
     long = random_prompt(40, seed=60)
     r = eng.add_request(long, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
-    while r.num_output_tokens < 2:
-        eng.step()
+    drive(eng, until=lambda: r.num_output_tokens >= 2)
     mine = list(eng.cache.row_pages[r.row])
     eng.cache.prefix.evict(full_pages=10**6, window_pages=10**6)  # evict everything it may
     assert all(eng.cache.full.allocator.refcount[p] >= 1 for p in mine)
     assert eng.cache.prefix.num_nodes > 0  # the running request's prefix is locked
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert r.output_token_ids == cold(path, long, 30)[0]
 
 
@@ -178,6 +175,7 @@ def test_bf16_hit_through_the_decode_attention_kernel_is_bitwise_cold(tiny_hybri
     assert all(torch.equal(a, b) for a, b in zip(hit[2], ref[2]))
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("int8_activations", [False, True])
 @pytest.mark.parametrize("chunk", [12, 64])
 def test_int8_hit_recomputes_its_tail_as_the_cold_chunk_did(tiny_hybrid, chunk,

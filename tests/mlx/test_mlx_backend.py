@@ -13,7 +13,7 @@ import torch
 from swaserve.engine.engine import Engine
 from swaserve.mlx import available
 from swaserve.sampling.params import SamplingParams
-from tests.conftest import HYBRID, TINY_WINDOW, random_prompt, write_tiny_gemma3
+from tests.conftest import HYBRID, TINY_WINDOW, drive, random_prompt, write_tiny_gemma3
 from tests.conftest import run_logging_logits as _run
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
@@ -99,8 +99,7 @@ def test_prompt_logprobs_match(hybrid):
     for device in ("cpu", "mlx"):
         eng = _engine(hybrid, device)
         req = eng.add_request(random_prompt(3 * W, 9), params)[0]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         outs.append(req.prompt_logprobs)
     assert len(outs[0]) == len(outs[1]) > 1
     for a, b in zip(outs[0][1:], outs[1][1:]):

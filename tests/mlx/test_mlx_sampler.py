@@ -14,7 +14,7 @@ from swaserve.mlx import available
 from swaserve.sampling import murmur
 from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
-from tests.conftest import HYBRID, random_prompt, write_tiny_gemma3
+from tests.conftest import HYBRID, drive, random_prompt, write_tiny_gemma3
 
 pytestmark = pytest.mark.skipif(not available(), reason="mlx is not installed "
                                 "(pip install \"mlx[cpu]\" on Linux, mlx on Apple silicon)")
@@ -124,10 +124,7 @@ def test_one_eval_a_step_for_forward_and_sampling(tmp_path, monkeypatch):
             mx = _mx()
             real = mx.eval
             monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real(*a))[1])
-        steps = 0
-        while eng.has_unfinished():
-            eng.step()
-            steps += 1
+        steps = drive(eng)
         monkeypatch.undo()
         return [r.output_token_ids for r in reqs], steps, len(evals)
 
@@ -155,8 +152,7 @@ def test_grammar_stop_and_n_rows_equal_the_torch_backend(tiny_with_tokenizer):
         eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=device,
                      kv_memory="32MiB", max_model_len=256, **kw)
         reqs = [r for i, p in enumerate(params) for r in eng.add_request(f"hello {i}", p)]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         return [(r.output_token_ids, r.finish_reason) for r in reqs], eng
 
     want, eng = run("cpu")
@@ -214,8 +210,7 @@ def test_a_failed_forward_eval_resets_the_kv_and_the_engine_serves_on(hybrid_pat
     eng.check_integrity()
     prompts = [random_prompt(n, 10 + i) for i, n in enumerate((40, 7))]
     again = [eng.add_request(q, p)[0] for q in prompts]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert [r.output_token_ids for r in again] == _run_mlx(hybrid_path, prompts, p)
 
 
@@ -225,8 +220,7 @@ def _run_mlx(path, prompts, params):
     eng = Engine(model=path, dtype="float32", device="mlx", kv_memory="32MiB",
                  chunk_size=16, max_model_len=256)
     reqs = [eng.add_request(q, params)[0] for q in prompts]
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     return [r.output_token_ids for r in reqs]
 
 

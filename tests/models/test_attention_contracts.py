@@ -10,8 +10,8 @@ from swaserve.engine.engine import Engine
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.window_pool import EMPTY
+from tests.conftest import TEST_DEVICE, drive, hf_greedy, hf_logits, random_prompt
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import hf_greedy, hf_logits, random_prompt
 
 # float32 round-off: logits of these tiny models are O(1); observed differences ~1e-6
 TOL = 1e-4
@@ -21,6 +21,7 @@ def make_engine(path, **kw) -> Engine:
     kw.setdefault("dtype", "float32")
     kw.setdefault("kv_memory", "64MiB")
     kw.setdefault("max_running_requests", 16)
+    kw.setdefault("device", TEST_DEVICE)
     return Engine(model=path, **kw)
 
 
@@ -29,8 +30,7 @@ def run_logged(engine: Engine, prompts, max_tokens: int):
     engine.logits_log = []
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     reqs = [engine.add_request(p, params)[0] for p in prompts]
-    while engine.has_unfinished():
-        engine.step()
+    drive(engine)
     out = []
     for r in reqs:
         logs = [lg for rid, _, lg in engine.logits_log if rid == r.request_id]
@@ -155,8 +155,7 @@ def test_ring_holds_at_most_ring_tokens_after_3w(tiny_hybrid):
             last = req.num_computed_tokens
             assert held == list(range(max(0, last - ring), last))
     assert ring < 3 * W + 7
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert eng.cache.is_fully_free()
 
 
@@ -168,10 +167,7 @@ def test_alloc_hook_fires_for_new_rows_only(tiny_hybrid):
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     eng.add_request(random_prompt(40, seed=1), params)
     eng.add_request(random_prompt(25, seed=2), params)
-    steps = 0
-    while eng.has_unfinished():
-        eng.step()
-        steps += 1
+    steps = drive(eng)
     assert steps > 8  # many chunked steps ...
     assert len(calls) == 2 and all(len(c) == 1 for c in calls)  # ... but one call per request
 
@@ -180,15 +176,15 @@ def test_retraction_under_tiny_full_pool_completes_with_same_output(tiny_hybrid)
     path, _ = tiny_hybrid
     prompts = [random_prompt(10 + 3 * i, seed=200 + i) for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    roomy = LLM(path, dtype="float32", kv_memory="64MiB", max_running_requests=8)
+    roomy = LLM(path, dtype="float32", device=TEST_DEVICE, kv_memory="64MiB",
+                max_running_requests=8)
     want = [o.token_ids for o in roomy.generate(prompts, params)]
     # each request needs <= 7 pages of 8 tokens; the pool holds 12 pages for 8 rows
     tiny = make_engine(path, max_running_requests=8, page_size=8, chunk_size=16, prefix_cache=False,
                        kv_memory=_budget_for_pages(path, 12, 8))
     assert tiny.cache.num_total_pages == 12
     reqs = [tiny.add_request(p, params)[0] for p in prompts]
-    while tiny.has_unfinished():
-        tiny.step()
+    drive(tiny)
     assert tiny.scheduler.num_preemptions > 0
     assert [r.output_token_ids for r in reqs] == want
     assert tiny.cache.is_fully_free()

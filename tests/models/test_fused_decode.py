@@ -9,10 +9,10 @@ import torch
 from swaserve.kernels import q8
 from swaserve.sampling.params import SamplingParams
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import int8_copy, random_prompt, tiny_engine, use_int8_copies
+from tests.conftest import drive, int8_copy, random_prompt, tiny_engine, use_int8_copies
 
-pytestmark = pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
-                                reason="no int8 tile kernel here")
+pytestmark = [pytest.mark.skipif(not (q8.vnni_available() or q8.amx_available()),
+                                 reason="no int8 tile kernel here"), pytest.mark.cpu_only]
 
 
 def bf16_engine_with_int8_weights(path, int8_activations: bool = False, **kw):
@@ -30,8 +30,7 @@ def decode_runs(eng, prompts, tokens: int) -> tuple[list, list, int]:
         eng.logits_log = []
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
         reqs = [eng.add_request(p, params)[0] for p in prompts]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         if on:
             fused_steps = eng.model.fused_decode_steps or 0
         runs.append([(r.output_token_ids, [lg for rid, _, lg in eng.logits_log
@@ -138,12 +137,10 @@ def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybri
         eng.logits_log = []
         params = SamplingParams(temperature=0, max_tokens=3 * W, ignore_eos=True)
         first = eng.add_request(random_prompt(13, 5), params)[0]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         follow = first.prompt_token_ids + first.output_token_ids + random_prompt(3, 6)
         second = eng.add_request(follow, params)[0]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         assert second.num_cached_tokens > 13 + W  # decoded tokens came from the cache
         assert bool(eng.model.fused_decode_steps) == on
         runs.append((first.output_token_ids, second.output_token_ids,

@@ -16,7 +16,7 @@ import torch
 from swaserve import SamplingParams
 from swaserve.engine.engine import Engine
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import gpt_oss_config, hf_greedy, hf_logits, random_prompt, tiny_engine
+from tests.conftest import drive, gpt_oss_config, hf_greedy, hf_logits, random_prompt, tiny_engine
 
 TOL = 1e-4
 def engine(path, **kw) -> Engine:
@@ -29,8 +29,7 @@ def check_against_reference(path, ref, n_prompts=3):
     eng.logits_log = []
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     reqs = [eng.add_request(p, params)[0] for p in prompts]  # batched decode, mixed lengths
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     for p, r in zip(prompts, reqs):
         logs = [lg for rid, _, lg in eng.logits_log if rid == r.request_id]
         want = hf_logits(ref, p + r.output_token_ids)
@@ -89,8 +88,7 @@ def test_gpt_oss_bf16_prompts_with_sinks_through_the_prompt_kernel(gpt_oss_dim32
         eng = engine(path, dtype="bfloat16")
         eng.logits_log = []
         reqs = [eng.add_request(p, params)[0] for p in prompts]
-        while eng.has_unfinished():
-            eng.step()
+        drive(eng)
         worst = 0.0
         for p, r in zip(prompts, reqs):
             first = next(lg for rid, _, lg in eng.logits_log if rid == r.request_id)
@@ -119,8 +117,7 @@ def test_gpt_oss_sinks_change_the_result(gpt_oss):
     eng = engine(path)
     eng.logits_log = []
     eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     ours = eng.logits_log[0][2]
     assert (ours - with_sinks[-1]).abs().max().item() < TOL
 
@@ -182,8 +179,7 @@ def test_gpt_oss_mxfp4_checkpoint_loads(tmp_path):
     eng.logits_log = []
     prompt = random_prompt(3 * W, seed=11)
     eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert (eng.logits_log[0][2] - hf_logits(model, prompt)[-1]).abs().max().item() < TOL
 
 
@@ -251,6 +247,5 @@ def test_gpt_oss_band_blocks_keep_the_sinks(gpt_oss, monkeypatch):
     eng = engine(path, chunk_size=64)
     eng.logits_log = []
     eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
-    while eng.has_unfinished():
-        eng.step()
+    drive(eng)
     assert (eng.logits_log[0][2] - hf_logits(ref, prompt)[-1]).abs().max().item() < TOL

@@ -24,6 +24,7 @@ from swaserve.ray.routing import (
     request_blocks,
 )
 from swaserve.server.build import ServerOptions
+from tests.conftest import asgi_client, inprocess_served
 
 
 def test_prompt_text_of_every_body_shape():
@@ -165,15 +166,7 @@ def test_prefix_affinity_keeps_conversations_on_their_replica():
 # -- the forwarded request through a replica's app ------------------------------------------
 @pytest.fixture(scope="module")
 def served(tiny_long_context):
-    from swaserve.engine.engine import Engine
-    from swaserve.server.app import create_app
-    from swaserve.server.async_engine import AsyncEngine
-
-    eng = Engine(model=tiny_long_context, dtype="float32", max_model_len=4096)
-    aeng = AsyncEngine(eng)
-    yield create_app(aeng, "tiny"), aeng
-    aeng.shutdown()
-    assert eng.cache.is_fully_free()
+    yield from inprocess_served(tiny_long_context, max_model_len=4096)
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +196,7 @@ def _forward(app, path: str, body: dict, close_after: int | None = None):
 
 def _direct(app, path: str, body: dict) -> httpx.Response:
     async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t") as client:
+        async with asgi_client(app) as client:
             return await client.post(path, json=body)
 
     return asyncio.run(go())

@@ -15,8 +15,10 @@ from swaserve.sampling.params import SamplingParams
 from swaserve.sampling.sampler import Sampler, SamplerRow
 
 V = 1000
-BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(
-    not mlx_available(), reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"))]
+BACKENDS = ["torch", pytest.param("mlx", marks=[
+    pytest.mark.skipif(not mlx_available(),
+                       reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"),
+    pytest.mark.cpu_only])]
 
 
 def make_sampler(backend: str, vocab: int = V, seed: int = 0):

@@ -13,6 +13,7 @@ import pytest
 
 from swaserve import LLM, SamplingParams
 from swaserve.sampling.grammar import GrammarCompiler
+from tests.conftest import TEST_DEVICE
 
 pytest.importorskip("llguidance")
 
@@ -54,7 +55,7 @@ SCHEMAS = [
 
 @pytest.fixture(scope="module")
 def llm(tiny_with_tokenizer):
-    return LLM(tiny_with_tokenizer, dtype="float32")
+    return LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE)
 
 
 def test_twenty_schemas_parse_and_validate_greedy_and_seeded(llm):
@@ -142,7 +143,7 @@ def test_missing_llguidance_is_a_clear_error(monkeypatch, llm):
 
 def test_grammar_needs_a_tokenizer(tiny_hybrid):
     path, _ = tiny_hybrid  # token-id checkpoint without tokenizer files
-    llm = LLM(path, dtype="float32")
+    llm = LLM(path, dtype="float32", device=TEST_DEVICE)
     with pytest.raises(ValueError, match="json_schema: structured output needs the model's tokenizer"):
         llm.generate([5, 6, 7], SamplingParams(max_tokens=4, json_object=True))
 
@@ -206,7 +207,7 @@ def test_free_form_values_are_bounded_in_size():
 
 
 def test_json_bounds_can_be_turned_off(tiny_with_tokenizer):
-    off = LLM(tiny_with_tokenizer, dtype="float32", json_bounds=False)
+    off = LLM(tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, json_bounds=False)
     integer = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
     assert accepts(off, integer, '{"v": 12345678901234567890}')
     assert accepts(off, integer, '{"v": 1, "w": 2}')

@@ -11,12 +11,15 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from swaserve.mlx import available as mlx_available
+from tests.conftest import TEST_DEVICE
 
 EXAMPLES = 60
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("mlx", marks=pytest.mark.skipif(
-    not mlx_available(), reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"))])
+@pytest.fixture(scope="module", params=[TEST_DEVICE, pytest.param("mlx", marks=[
+    pytest.mark.skipif(not mlx_available(),
+                       reason="mlx is not installed (pip install \"mlx[cpu]\" on Linux)"),
+    pytest.mark.cpu_only])])
 def api_schema(request, tiny_with_tokenizer):
     from swaserve.engine.engine import Engine
     from swaserve.server.app import create_app

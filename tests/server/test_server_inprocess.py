@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import inprocess_app
+from tests.conftest import asgi_client, inprocess_app
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
@@ -72,8 +72,7 @@ def app(tiny_with_tokenizer):
 
 def call(app, requests: list[tuple[str, object]]) -> list[httpx.Response]:
     async def run():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://t", timeout=60) as c:
+        async with asgi_client(app) as c:
             return await asyncio.gather(*[
                 c.post(f"/v1/{route}", content=body.encode(),
                        headers={"content-type": "application/json"})

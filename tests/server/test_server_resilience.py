@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import TEST_DEVICE, asgi_client, start_server, stop_server
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -317,7 +317,7 @@ def test_a_dead_engine_thread_is_unhealthy_and_fails_clients(tiny_with_tokenizer
     from swaserve.server.app import create_app
     from swaserve.server.async_engine import AsyncEngine
 
-    eng = Engine(model=tiny_with_tokenizer, dtype="float32", kv_memory="16MiB")
+    eng = Engine(model=tiny_with_tokenizer, dtype="float32", device=TEST_DEVICE, kv_memory="16MiB")
 
     def broken_step():
         raise RuntimeError("the pools are corrupt")
@@ -326,8 +326,7 @@ def test_a_dead_engine_thread_is_unhealthy_and_fails_clients(tiny_with_tokenizer
     app = create_app(aeng, "tiny")
 
     async def run():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        async with asgi_client(app) as c:
             r = await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
             assert r.status_code == 503 and "corrupt" in r.json()["error"]["message"]
             h = await c.get("/health")

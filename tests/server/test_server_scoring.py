@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tests.conftest import (
     HYBRID,
+    hf_logprobs,
     inprocess_app,
     run_client,
     write_byte_bpe_tokenizer,
@@ -34,11 +34,6 @@ def app(tiny):
 
 
 
-def reference(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-
-
 TEXT = "hello world 123-4567 true false null [1, 2, 3.5] " * 2
 
 
@@ -56,7 +51,7 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(app, tiny):
 
     ids, a, b, c = run_client(app, fn)
     assert len(ids) > 24  # past three windows of 8
-    ref = reference(tiny[1], ids)
+    ref = hf_logprobs(tiny[1], ids)
     for resp, n_new in ((a, 0), (b, 1), (c, 0)):
         ch = resp.choices[0]
         lp = ch.logprobs

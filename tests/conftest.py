@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny random-weight Gemma 3 checkpoints written by transformers itself."""
+"""What the tests of every layer share: tiny random-weight checkpoints written by
+transformers itself (Gemma 3, Llama 3, Qwen3, Mistral, gpt-oss) and its references
+(hf_logits, hf_logprobs, hf_greedy), the device the tests run on (TEST_DEVICE, the cpu_only
+marker), drive() for an engine's steps, GGUF block data for the int8 paths, and servers:
+a `swaserve serve` process, or the app in process with its clients. A helper one module uses
+stays in it."""
 
 from __future__ import annotations
 

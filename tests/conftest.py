@@ -230,6 +230,36 @@ def tiny_engine(path, **kw):
     return Engine(model=path, **kw)
 
 
+def roomy_engine(path, **kw):
+    """An Engine for a tiny checkpoint with room: float32 on TEST_DEVICE, 64 MiB of KV, 16
+    rows, the engine's own page and chunk sizes (override any)."""
+    from swaserve.engine.engine import Engine
+
+    kw.setdefault("dtype", "float32")
+    kw.setdefault("kv_memory", "64MiB")
+    kw.setdefault("max_running_requests", 16)
+    kw.setdefault("device", TEST_DEVICE)
+    return Engine(model=path, **kw)
+
+
+def run_logged(engine, prompts, max_tokens: int):
+    """Greedy runs of prompts to completion; per request (tokens, [logits at each sample]);
+    then the pools must be whole."""
+    from swaserve.sampling.params import SamplingParams
+
+    engine.logits_log = []
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    reqs = [engine.add_request(p, params)[0] for p in prompts]
+    drive(engine)
+    out = []
+    for r in reqs:
+        logs = [lg for rid, _, lg in engine.logits_log if rid == r.request_id]
+        out.append((list(r.output_token_ids), logs))
+    assert engine.cache.is_fully_free()
+    engine.check_integrity()
+    return out
+
+
 def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
     """w as int8 with a float scale per 32 inputs, in tile order: Q8_0's rule (values in
     -127..127), Q5_0's range (-15..15) or Q4_K's form (0..15, a minimum per 32 as offset)."""

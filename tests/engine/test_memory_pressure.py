@@ -88,7 +88,8 @@ def test_admission_leaves_room_for_the_running_requests_growth(tiny_hybrid, monk
 
     def retractions() -> int:
         eng = crowd_engine(path, 64)
-        drive(eng, {0: [(random_prompt(40, 100 + i), params) for i in range(16)]}, 2000)
+        run_arrivals(eng, {0: [(random_prompt(40, 100 + i), params) for i in range(16)]},
+                     2000)
         return eng.scheduler.num_preemptions
 
     with_estimate = retractions()

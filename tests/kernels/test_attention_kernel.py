@@ -10,7 +10,7 @@ import torch
 from swaserve.kernels import attention as kernel
 from swaserve.kernels import build
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import hf_logits, random_prompt
+from tests.conftest import hf_logits, random_prompt, roomy_engine, run_logged
 
 pytestmark = pytest.mark.skipif(build.load("attention") is None,
                                 reason="no C compiler for the kernel")
@@ -97,8 +97,6 @@ def test_bf16_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
     """A tiny hybrid model decoding past three windows in bf16 (wrapped rings, several
     pages): with the kernel its logits are no further from transformers' float32 logits
     than with torch's SDPA on the gathered keys."""
-    from test_attention_contracts import make_engine, run_logged
-
     from swaserve.models import attention as backend
 
     path, ref = tiny_hybrid
@@ -108,7 +106,7 @@ def test_bf16_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
     errors = {}
     for path_name, fn in (("kernel", counted), ("sdpa", lambda *a, **kw: None)):
         monkeypatch.setattr(backend, "decode_attention_bf16", fn)
-        runs = run_logged(make_engine(path, dtype="bfloat16"), prompts, 3 * W)
+        runs = run_logged(roomy_engine(path, dtype="bfloat16"), prompts, 3 * W)
         worst = 0.0
         for p, (tokens, logs) in zip(prompts, runs):
             want = hf_logits(ref, p + tokens)
@@ -218,8 +216,6 @@ def test_bf16_prompts_through_the_kernel_are_as_close_to_the_reference_as_sdpa(
     banded sliding masks, prompts past three windows): with the prompt kernel the logits
     are no further from transformers' float32 logits than with torch's SDPA, and the
     greedy tokens are the same."""
-    from test_attention_contracts import make_engine, run_logged
-
     from swaserve.models import attention as backend
 
     path, ref = tiny_hybrid
@@ -233,7 +229,7 @@ def test_bf16_prompts_through_the_kernel_are_as_close_to_the_reference_as_sdpa(
         monkeypatch.setattr(backend, "prefill_attention_bf16", fn)
         for chunk in (None, W // 2 + 1):
             kw = {} if chunk is None else {"chunk_size": chunk}
-            runs = run_logged(make_engine(path, dtype="bfloat16", **kw), prompts, 4)
+            runs = run_logged(roomy_engine(path, dtype="bfloat16", **kw), prompts, 4)
             worst = 0.0
             for p, (toks, logs) in zip(prompts, runs):
                 want = hf_logits(ref, p + toks)

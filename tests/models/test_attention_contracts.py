@@ -10,41 +10,26 @@ from swaserve.engine.engine import Engine
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
 from swaserve.memory.window_pool import EMPTY
-from tests.conftest import TEST_DEVICE, drive, hf_greedy, hf_logits, random_prompt
+from tests.conftest import (
+    TEST_DEVICE,
+    drive,
+    hf_greedy,
+    hf_logits,
+    random_prompt,
+    roomy_engine,
+    run_logged,
+)
 from tests.conftest import TINY_WINDOW as W
 
 # float32 round-off: logits of these tiny models are O(1); observed differences ~1e-6
 TOL = 1e-4
 
 
-def make_engine(path, **kw) -> Engine:
-    kw.setdefault("dtype", "float32")
-    kw.setdefault("kv_memory", "64MiB")
-    kw.setdefault("max_running_requests", 16)
-    kw.setdefault("device", TEST_DEVICE)
-    return Engine(model=path, **kw)
-
-
-def run_logged(engine: Engine, prompts, max_tokens: int):
-    """Run prompts to completion; return per request (tokens, [logits at each sample])."""
-    engine.logits_log = []
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    reqs = [engine.add_request(p, params)[0] for p in prompts]
-    drive(engine)
-    out = []
-    for r in reqs:
-        logs = [lg for rid, _, lg in engine.logits_log if rid == r.request_id]
-        out.append((list(r.output_token_ids), logs))
-    assert engine.cache.is_fully_free()
-    engine.check_integrity()
-    return out
-
-
 @pytest.mark.parametrize("chunk", [1, 7, W - 1, W, W + 1, 2 * W + 3, 64])
 def test_chunked_prefill_matches_one_shot_reference(tiny_hybrid, chunk):
     path, ref = tiny_hybrid
     prompt = random_prompt(4 * W + 5, seed=chunk)
-    eng = make_engine(path, chunk_size=chunk)
+    eng = roomy_engine(path, chunk_size=chunk)
     [(tokens, logs)] = run_logged(eng, [prompt], max_tokens=3 * W)
     full = prompt + tokens
     want = hf_logits(ref, full)
@@ -57,9 +42,9 @@ def test_chunked_prefill_matches_one_shot_reference(tiny_hybrid, chunk):
 def test_ragged_mixed_batches_match_alone(tiny_hybrid):
     path, ref = tiny_hybrid
     prompts = [random_prompt(n, seed=n) for n in (1, 3, W - 1, W, W + 1, 3 * W + 2, 5 * W)]
-    alone = [run_logged(make_engine(path, chunk_size=512), [p], 2 * W)[0] for p in prompts]
+    alone = [run_logged(roomy_engine(path, chunk_size=512), [p], 2 * W)[0] for p in prompts]
     # a budget of 13 tokens splits prompts raggedly and mixes prefill chunks with decodes
-    together = run_logged(make_engine(path, chunk_size=13), prompts, 2 * W)
+    together = run_logged(roomy_engine(path, chunk_size=13), prompts, 2 * W)
     for (ta, la), (tb, lb), p in zip(alone, together, prompts):
         assert ta == tb
         assert ta == hf_greedy(ref, p, len(ta))
@@ -70,8 +55,8 @@ def test_ragged_mixed_batches_match_alone(tiny_hybrid):
 def test_batched_decode_of_different_lengths_equals_alone(tiny_hybrid):
     path, _ = tiny_hybrid
     prompts = [random_prompt(2 + 5 * i, seed=100 + i) for i in range(8)]
-    alone = [run_logged(make_engine(path), [p], 3 * W)[0] for p in prompts]
-    together = run_logged(make_engine(path), prompts, 3 * W)
+    alone = [run_logged(roomy_engine(path), [p], 3 * W)[0] for p in prompts]
+    together = run_logged(roomy_engine(path), prompts, 3 * W)
     for (ta, la), (tb, lb) in zip(alone, together):
         assert ta == tb
         assert max((x - y).abs().max().item() for x, y in zip(la, lb)) < TOL
@@ -80,7 +65,7 @@ def test_batched_decode_of_different_lengths_equals_alone(tiny_hybrid):
 @pytest.mark.parametrize("fixture", ["tiny_all_sliding", "tiny_no_sliding"])
 def test_all_sliding_and_no_sliding_layouts(request, fixture):
     path, ref = request.getfixturevalue(fixture)
-    eng = make_engine(path, chunk_size=W + 3)
+    eng = roomy_engine(path, chunk_size=W + 3)
     if fixture == "tiny_all_sliding":
         assert eng.cache.full is None and eng.cache.window is not None
     else:
@@ -113,7 +98,7 @@ def _prepare_one(eng: Engine, prompt, chunks):
 
 def test_masks_match_positions_and_window(tiny_hybrid):
     path, _ = tiny_hybrid
-    eng = make_engine(path, chunk_size=W + 1)
+    eng = roomy_engine(path, chunk_size=W + 1)
     ring = eng.cache.window.ring
     prompt = random_prompt(5 * W, seed=5)
     for _req, start, n, prepared in _prepare_one(eng, prompt, [3, W - 3, 1, W + 1, W, 2, W + 1]):
@@ -142,7 +127,7 @@ def test_masks_match_positions_and_window(tiny_hybrid):
 
 def test_ring_holds_at_most_ring_tokens_after_3w(tiny_hybrid):
     path, _ = tiny_hybrid
-    eng = make_engine(path, chunk_size=5)
+    eng = roomy_engine(path, chunk_size=5)
     ring = eng.cache.window.ring
     req = eng.add_request(random_prompt(3 * W + 7, seed=9),
                           SamplingParams(temperature=0, max_tokens=2 * W, ignore_eos=True))[0]
@@ -161,7 +146,7 @@ def test_ring_holds_at_most_ring_tokens_after_3w(tiny_hybrid):
 
 def test_alloc_hook_fires_for_new_rows_only(tiny_hybrid):
     path, _ = tiny_hybrid
-    eng = make_engine(path, chunk_size=7)
+    eng = roomy_engine(path, chunk_size=7)
     calls: list[list[int]] = []
     eng.cache.rows.register_on_alloc_rows(lambda rows: calls.append(list(rows)))
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -180,7 +165,7 @@ def test_retraction_under_tiny_full_pool_completes_with_same_output(tiny_hybrid)
                 max_running_requests=8)
     want = [o.token_ids for o in roomy.generate(prompts, params)]
     # each request needs <= 7 pages of 8 tokens; the pool holds 12 pages for 8 rows
-    tiny = make_engine(path, max_running_requests=8, page_size=8, chunk_size=16, prefix_cache=False,
+    tiny = roomy_engine(path, max_running_requests=8, page_size=8, chunk_size=16, prefix_cache=False,
                        kv_memory=_budget_for_pages(path, 12, 8))
     assert tiny.cache.num_total_pages == 12
     reqs = [tiny.add_request(p, params)[0] for p in prompts]
@@ -219,7 +204,7 @@ def test_a_long_fresh_chunk_attends_its_band_block_by_block(tiny_hybrid, monkeyp
     monkeypatch.setattr(backend, "_attend", spy)
     path, ref = tiny_hybrid
     prompt = random_prompt(4 * W + 5, seed=block)
-    [(tokens, logs)] = run_logged(make_engine(path, chunk_size=64), [prompt], max_tokens=W)
+    [(tokens, logs)] = run_logged(roomy_engine(path, chunk_size=64), [prompt], max_tokens=W)
     assert (block, block + W - 1) in shapes  # a block of queries over its band's keys
     want = hf_logits(ref, prompt + tokens)
     for i, lg in enumerate(logs):

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_DEVICE, asgi_client, start_server, stop_server
+from tests.server.conftest import BAD, ODD_BUT_FINE
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -71,8 +72,6 @@ def server(tiny_long_context):
 def test_bad_input_beside_a_stream_leaves_it_untouched(server):
     """The field-by-field 400s are in test_server_inprocess.py; here a real stream runs
     while malformed requests arrive, and it produces exactly what it produces alone."""
-    from test_server_inprocess import BAD, ODD_BUT_FINE
-
     body = {"prompt": "A long story:", "max_tokens": 300, "temperature": 0, "stream": True,
             "ignore_eos": True}
 

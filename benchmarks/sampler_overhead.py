@@ -2,7 +2,8 @@
 parameters vs all-greedy at the same batch, and the bounded (top-k <= 1024) vs the
 full-vocabulary candidate path. Medians over --steps decode steps.
 
-    python benchmarks/sampler_overhead.py [--batch 64] [--steps 20] [--json out.json]
+    python benchmarks/sampler_overhead.py [--batch 64] [--steps 20] [--device cpu|cuda]
+        [--model DIR] [--json out.json]
 
 Mixes (docs/architecture.md, Sampling; issue 3): half top-p 0.9 + top-k 50, a quarter seeded (same filter,
 seed set), a quarter greedy. "seeded-temp" makes the seeded quarter temperature-only, which
@@ -68,10 +69,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--model", default=None, help="GGUF or HF-style directory (default: bundled)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    llm = LLM(max_running_requests=args.batch, kv_memory="2GiB", max_model_len=1024,
-              prefix_cache=False)
+    llm = LLM(model=args.model, max_running_requests=args.batch, kv_memory="2GiB",
+              max_model_len=1024, prefix_cache=False, device=args.device)
     ids = llm.tokenizer.encode(Path(argparse.__file__).read_text())[1:]
     prompts = [[2] + ids[i * 31:i * 31 + 63] for i in range(args.batch)]
     results = {}

@@ -1,21 +1,40 @@
-"""What the tests of every layer share: tiny random-weight checkpoints written by
-transformers itself (Gemma 3, Llama 3, Qwen3, Mistral, gpt-oss) and its references
-(hf_logits, hf_logprobs, hf_greedy), the device the tests run on (TEST_DEVICE, the cpu_only
-marker), drive() for an engine's steps, GGUF block data for the int8 paths, and servers:
-a `swaserve serve` process, or the app in process with its clients. A helper one module uses
-stays in it."""
+"""What the tests of every layer share: the device the tests run on (TEST_DEVICE, the
+cpu_only marker), drive() for an engine's steps, tiny engines and their logged runs, the tiny
+checkpoints as fixtures, and the app in process with its clients. The rest lives in
+tests/helpers/ by kind (checkpoints, transformers' references, int8 data, server processes)
+and is re-imported here, so that `from tests.conftest import X` finds it. A helper one
+module uses stays in it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from swaserve.config import cache_root
 from swaserve.kernels import build
+from tests.helpers.checkpoints import (  # noqa: F401  (re-exported)
+    HYBRID,
+    TINY_WINDOW,
+    gpt_oss_config,
+    write_byte_bpe_tokenizer,
+    write_gpt_oss,
+    write_llama,
+    write_mistral,
+    write_qwen3,
+    write_tiny_gemma3,
+)
+from tests.helpers.quant import (  # noqa: F401  (re-exported)
+    int8_copy,
+    k_quant_blocks,
+    q8_0_blocks,
+    use_int8_copies,
+    weight_from,
+)
+from tests.helpers.reference import hf_greedy, hf_logits, hf_logprobs  # noqa: F401
+from tests.helpers.servers import free_port, start_server, stop_server  # noqa: F401
 
 os.environ.setdefault("SWASERVE_NO_PROGRESS", "1")
 # tests call kernels before (or without) loading a model, which would give their directory
@@ -25,7 +44,6 @@ build.use_cache_dir(cache_root() / "kernels")
 os.environ.setdefault("SWASERVE_FIXED_THREADS", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
-TINY_WINDOW = 8
 
 # The device the device-independent tests build their engines on: cpu unless
 # SWASERVE_TEST_DEVICE names another (cuda, cuda:1). Tests of what only the CPU has (the
@@ -70,32 +88,6 @@ def drive(engine, until=None, *, max_steps: int = 10_000, check_integrity: bool 
     return steps
 
 
-def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0,
-                      max_positions=512, num_heads=2, num_kv_heads=1):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    cfg = Gemma3TextConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=16,
-        sliding_window=window,
-        layer_types=layer_types, max_position_embeddings=max_positions, query_pre_attn_scalar=16,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
-        bos_token_id=2, eos_token_id=1, pad_token_id=0)
-    torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # random norm weights so that (1 + w) matters
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.3)
-    model.save_pretrained(str(path), safe_serialization=True)
-    return model
-
-
-HYBRID = ["sliding_attention", "sliding_attention", "full_attention",
-          "sliding_attention", "full_attention", "sliding_attention"]
-
-
 @pytest.fixture(scope="session")
 def tiny_hybrid(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_hybrid")
@@ -117,112 +109,31 @@ def tiny_no_sliding(tmp_path_factory):
     return str(path), model
 
 
-# Tiny checkpoints of the other families, saved by transformers' own classes: Llama 3
-# (RoPE scaling, no window), Qwen3 (q/k norm), Mistral (a window on every layer),
-# gpt-oss (sinks, MoE, YaRN)
-FAMILY_COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, max_position_embeddings=512, bos_token_id=2,
-              eos_token_id=1, pad_token_id=0, rms_norm_eps=1e-6)
-
-
-def _save(model, path):
-    model.save_pretrained(str(path), safe_serialization=True)
-    return str(path), model
-
-
-def _randomize_norms(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0, 0.3)
-    return model.eval()
-
-
+# Tiny checkpoints of the other families (tests/helpers/checkpoints.py): (path, model)
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    cfg = LlamaConfig(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=False,
-                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 64})
-    return _save(_randomize_norms(LlamaForCausalLM(cfg)), tmp_path_factory.mktemp("llama"))
+    return write_llama(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(4)
-    cfg = Qwen3Config(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=True)
-    return _save(_randomize_norms(Qwen3ForCausalLM(cfg)), tmp_path_factory.mktemp("qwen3"))
+    return write_qwen3(tmp_path_factory.mktemp("qwen3"))
 
 
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(5)
-    cfg = MistralConfig(**FAMILY_COMMON, num_hidden_layers=3, sliding_window=TINY_WINDOW, tie_word_embeddings=False)
-    return _save(_randomize_norms(MistralForCausalLM(cfg)), tmp_path_factory.mktemp("mistral"))
-
-
-def gpt_oss_config(**kw):
-    from transformers import GptOssConfig
-
-    c = dict(FAMILY_COMMON)
-    c.update(num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=TINY_WINDOW,
-             layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
-             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                              "original_max_position_embeddings": 64})
-    c.update(kw)
-    return GptOssConfig(**c)
+    return write_mistral(tmp_path_factory.mktemp("mistral"))
 
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory):
-    return _gpt_oss(tmp_path_factory, "gpt_oss")
+    return write_gpt_oss(tmp_path_factory.mktemp("gpt_oss"))
 
 
 @pytest.fixture(scope="module")
 def gpt_oss_dim32(tmp_path_factory):
     """Heads of 32 dims: what the prompt attention kernel takes (multiples of 16)."""
-    return _gpt_oss(tmp_path_factory, "gpt_oss_dim32", head_dim=32)
-
-
-def _gpt_oss(tmp_path_factory, name, **kw):
-    from transformers import GptOssForCausalLM
-
-    torch.manual_seed(6)
-    model = GptOssForCausalLM(gpt_oss_config(**kw))
-    with torch.no_grad():  # strong sinks, so that a missing sink changes the result
-        for layer in model.model.layers:
-            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
-            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
-            layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
-    return _save(_randomize_norms(model), tmp_path_factory.mktemp(name))
-
-
-def hf_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """transformers' log-softmax over ids: row i predicts token i + 1."""
-    return torch.log_softmax(hf_logits(model, ids), dim=-1)
-
-
-def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    """transformers' greedy continuation of n tokens, eos included like ignore_eos (its
-    generate() with min_new_tokens would ban eos instead)."""
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return write_gpt_oss(tmp_path_factory.mktemp("gpt_oss_dim32"), head_dim=32)
 
 
 def tiny_engine(path, **kw):
@@ -265,64 +176,6 @@ def run_logged(engine, prompts, max_tokens: int):
     return out
 
 
-def int8_copy(w: torch.Tensor, kind: str = "q8_0"):
-    """w as int8 with a float scale per 32 inputs, in tile order: Q8_0's rule (values in
-    -127..127), Q5_0's range (-15..15) or Q4_K's form (0..15, a minimum per 32 as offset)."""
-    from swaserve.kernels.q8_weight import Q8Weight
-
-    blocks = w.float().view(w.shape[0], -1, 32)
-    if kind == "q4_k":
-        lo, hi = blocks.amin(dim=2), blocks.amax(dim=2)
-        scales = (hi - lo).clamp_min(1e-8) / 15
-        q = ((blocks - lo[:, :, None]) / scales[:, :, None]).round().clamp(0, 15).to(torch.int8)
-        return Q8Weight(q.view(w.shape), scales, -lo).to_tiles()
-    levels = {"q8_0": 127, "q5_0": 15}[kind]
-    scales = blocks.abs().amax(dim=2).clamp_min(1e-8) / levels
-    q = (blocks / scales[:, :, None]).round().clamp(-levels, levels).to(torch.int8)
-    return Q8Weight(q.view(w.shape), scales).to_tiles()
-
-
-# GGUF block data for the int8 paths (kernels/q8.py, mlx/quant.py)
-def q8_0_blocks(w: np.ndarray) -> np.ndarray:
-    """w as GGUF Q8_0 blocks, quantized by the gguf package itself."""
-    import gguf
-
-    return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
-
-
-def k_quant_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
-    """Random GGUF Q4_K / Q6_K data with finite float16 d (and dmin): every bit pattern
-    of the packed scales and values occurs."""
-    rng = np.random.default_rng(seed)
-    size = {"Q4_K": 144, "Q6_K": 210}[kind]
-    sb = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
-    d = (rng.random((len(sb), 2)) * 1e-2 + 1e-4).astype(np.float16).view(np.uint8)
-    if kind == "Q4_K":
-        sb[:, 0:4] = d
-    else:
-        sb[:, 208:210] = d[:, :2]
-    return sb.reshape(-1)
-
-
-def weight_from(kind: str, raw: np.ndarray, n: int, k: int):
-    """A Q8Weight read from Q4_K or Q6_K blocks."""
-    from swaserve.kernels.q8_weight import Q8Weight
-
-    return {"Q4_K": Q8Weight.from_q4_k_blocks,
-            "Q6_K": Q8Weight.from_q6_k_blocks}[kind](raw, n, k)
-
-
-def use_int8_copies(eng, kind: str = "q8_0", int8_activations: bool = False) -> None:
-    """Give a bf16 engine's model int8 copies of its layer weights and LM head, as a GGUF's
-    quantized tensors would (the tiny checkpoints are safetensors); `kind` for the layers,
-    with `int8_activations` their products past q8_vnni's rows on q8_dpbusd."""
-    eng.model.use_q8({"lm_head": int8_copy(eng.model.embed),
-                      **{f"{i}.{name}": int8_copy(getattr(layer, name), kind)
-                         for i, layer in enumerate(eng.model.layers)
-                         for name in ("qkv", "o", "gate_up", "down")}},
-                     int8_activations=int8_activations)
-
-
 def run_logging_logits(eng, prompts, params):
     """Run prompts to the end on `eng`: each request's tokens (every one of n > 1) and its
     sampled logits rows as (position, float32 row) in step order."""
@@ -338,23 +191,6 @@ def run_logging_logits(eng, prompts, params):
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
-
-
-def write_byte_bpe_tokenizer(path, vocab: int = 320) -> int:
-    """A small byte-level BPE tokenizer.json (ids 0/1/2 = pad/eos/bos, like the tiny
-    models); returns its vocabulary size. Any text encodes, as with a real tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    corpus = ['{"name": "abc", "age": 12, "tags": ["x", "y"]}',
-              "hello world 123-4567 true false null", "[1, 2, 3.5]"] * 50
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=["<pad>", "<eos>", "<bos>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tk.save(os.path.join(str(path), "tokenizer.json"))
-    return tk.get_vocab_size()
 
 
 @pytest.fixture(scope="session")
@@ -374,53 +210,6 @@ def tiny_long_context(tmp_path_factory):
     vocab = write_byte_bpe_tokenizer(path)
     write_tiny_gemma3(path, HYBRID, vocab=vocab, seed=4, max_positions=32768)
     return str(path)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*args: str, timeout: float = 300):
-    """`swaserve serve ARGS` on a free loopback port: (base URL, process), once /health
-    answers. Its stdout and stderr go to the process's pipe (read it after it exits)."""
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "SWASERVE_NO_PROGRESS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "swaserve", "serve", "--port", str(port),
-                             *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return base, proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stdout.read())
-    proc.kill()
-    raise RuntimeError(f"the server did not answer /health within {timeout} s")
-
-
-def stop_server(proc, timeout: float = 60) -> str:
-    """SIGTERM, then its exit status must be 0; returns what it printed."""
-    import signal
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out
-    return out
 
 
 def inprocess_served(path: str, **engine_kw):

@@ -2,7 +2,8 @@
 murmur noise bit for bit, the same tokens for seeded rows whatever their parameters, the
 same logprobs, and one `mx.eval` a step for the forward and the sampling together. The
 contract tests both samplers share (chi-square of the filtered distributions, batch
-independence, penalties, logprobs, the full-sort fallback) are in test_sampler.py."""
+independence, penalties, logprobs, the full-sort fallback) are in
+tests/sampling/test_sampler_*.py."""
 
 from __future__ import annotations
 

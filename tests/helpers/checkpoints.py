@@ -1,0 +1,131 @@
+"""Tiny random-weight checkpoints saved by transformers' own classes: Gemma 3 (hybrid,
+all-sliding or all-full layers), Llama 3 (RoPE scaling, no window), Qwen3 (q/k norm),
+Mistral (a window on every layer), gpt-oss (sinks, MoE, YaRN); and a small byte-level BPE
+tokenizer to put beside one."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+TINY_WINDOW = 8
+
+HYBRID = ["sliding_attention", "sliding_attention", "full_attention",
+          "sliding_attention", "full_attention", "sliding_attention"]
+
+
+def write_tiny_gemma3(path, layer_types, window=TINY_WINDOW, vocab=128, seed=0,
+                      max_positions=512, num_heads=2, num_kv_heads=1):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=16,
+        sliding_window=window,
+        layer_types=layer_types, max_position_embeddings=max_positions, query_pre_attn_scalar=16,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights so that (1 + w) matters
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+# What the tiny checkpoints of the other families share
+FAMILY_COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=512, bos_token_id=2,
+              eos_token_id=1, pad_token_id=0, rms_norm_eps=1e-6)
+
+
+def _save(model, path):
+    model.save_pretrained(str(path), safe_serialization=True)
+    return str(path), model
+
+
+def _randomize_norms(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+    return model.eval()
+
+
+def write_llama(path):
+    """A Llama 3 checkpoint at `path`: (path, model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
+    return _save(_randomize_norms(LlamaForCausalLM(cfg)), path)
+
+
+def write_qwen3(path):
+    """A Qwen3 checkpoint at `path`: (path, model)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(4)
+    cfg = Qwen3Config(**FAMILY_COMMON, num_hidden_layers=3, tie_word_embeddings=True)
+    return _save(_randomize_norms(Qwen3ForCausalLM(cfg)), path)
+
+
+def write_mistral(path):
+    """A Mistral checkpoint at `path`: (path, model)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(5)
+    cfg = MistralConfig(**FAMILY_COMMON, num_hidden_layers=3, sliding_window=TINY_WINDOW, tie_word_embeddings=False)
+    return _save(_randomize_norms(MistralForCausalLM(cfg)), path)
+
+
+def gpt_oss_config(**kw):
+    from transformers import GptOssConfig
+
+    c = dict(FAMILY_COMMON)
+    c.update(num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=TINY_WINDOW,
+             layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                              "original_max_position_embeddings": 64})
+    c.update(kw)
+    return GptOssConfig(**c)
+
+
+def write_gpt_oss(path, **kw):
+    """A gpt-oss checkpoint at `path` (gpt_oss_config's fields overridden by kw): (path,
+    model)."""
+    from transformers import GptOssForCausalLM
+
+    torch.manual_seed(6)
+    model = GptOssForCausalLM(gpt_oss_config(**kw))
+    with torch.no_grad():  # strong sinks, so that a missing sink changes the result
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.1)
+            layer.mlp.experts.down_proj_bias.normal_(0, 0.1)
+    return _save(_randomize_norms(model), path)
+
+
+def write_byte_bpe_tokenizer(path, vocab: int = 320) -> int:
+    """A small byte-level BPE tokenizer.json (ids 0/1/2 = pad/eos/bos, like the tiny
+    models); returns its vocabulary size. Any text encodes, as with a real tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    corpus = ['{"name": "abc", "age": 12, "tags": ["x", "y"]}',
+              "hello world 123-4567 true false null", "[1, 2, 3.5]"] * 50
+    tk.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<pad>", "<eos>", "<bos>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk.save(os.path.join(str(path), "tokenizer.json"))
+    return tk.get_vocab_size()

@@ -64,8 +64,8 @@ def test_tensor_parallel_size_one_on_the_test_device_is_the_whole_model(tiny_hyb
     """One device runs tp = 1 only: no group, every weight whole (rank 0 of 1 cuts
     nothing), transformers' tokens."""
     from safetensors.torch import load_file
-    from swaserve.checkpoint.shard import local_config, sharded_weights
 
+    from swaserve.checkpoint.shard import local_config, sharded_weights
     from swaserve.checkpoint.source import resolve_model
 
     path, ref = tiny_hybrid

@@ -15,8 +15,8 @@ rows by a `Q8Weight` (q8_weight.py); without a compiler, none does and the bf16 
   no tile kernel is built.
 
 A prompt step's rows must not depend on the others of the call (a prefix hit recomputes a
-short tail of what a cold run did in one chunk), so it takes q8_amx or q8_dpbf16 only. Where
-each row limit sits and what each kernel costs: benchmarks/README.md.
+short tail of what a cold run did in one chunk), so it takes q8_amx or q8_dpbf16 only. Each
+row limit below says at its constant why it sits there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,123 @@
+"""gpt-oss's Harmony format, read as a machine over its special tokens:
+
+    <|start|>ROLE<|channel|>CHANNEL[ to=RECIPIENT][<|constrain|>json]<|message|>BODY<|end|>
+
+(`<|call|>` or `<|return|>` end a message too; a recipient may also follow the role). The
+output of a prompt that ends with `<|start|>assistant` starts at `<|channel|>`. Channel
+`analysis` is reasoning, `final` content; `commentary` to `functions.NAME` is a call of a
+declared tool whose body is its arguments, and commentary without a recipient is content
+(a preamble). Messages to other recipients (built-in tools, undeclared functions) are
+not the user's: they are left out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+
+from swaserve.checkpoint.tokenizer import Tokenizer
+from swaserve.engine.detokenizer import IncrementalDetokenizer
+from swaserve.server.chat_output import Event
+from swaserve.server.tool_output import CallLog
+
+START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
+ENDS = ("<|end|>", "<|call|>", "<|return|>")
+STRUCTURE = (START, CHANNEL, CONSTRAIN, MESSAGE, *ENDS)
+_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in STRUCTURE) + ")")
+_RECIPIENT = re.compile(r"\bto=(\S+)")
+
+
+class HarmonyParser:
+    """The OutputParser of Harmony output (reasoning and tool calls both)."""
+
+    def __init__(self, tokenizer: Tokenizer, *, tool_names: Collection[str] | None,
+                 parallel_tool_calls: bool = True, prompt: str = ""):
+        self.tok = tokenizer
+        self.reasoning_tokens = 0
+        self._structure = {tokenizer.token_to_id(t): t for t in STRUCTURE}
+        self._structure.pop(None, None)
+        self._out: list[Event] = []
+        self._calls = CallLog(self._out, tool_names or (), parallel_tool_calls)
+        self._tools = tool_names
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+        self._state = "role"  # role | header | constrain | body | idle
+        self._fields = {"role": "assistant", "header": "", "constrain": ""}
+        self._kind: str | None = None  # the body's event kind, None when left out
+        self._header_tokens = 0
+        self._prime(prompt)
+
+    def _prime(self, prompt: str) -> None:
+        """Starts where the prompt's last message leaves off (the header it began)."""
+        i = prompt.rfind(START)
+        if i < 0:
+            return
+        self._special(START)
+        for part in _SPLIT.split(prompt[i + len(START):]):
+            if part in STRUCTURE:
+                self._special(part)
+            elif part:
+                self._text(part)
+        self._out.clear()
+
+    def _special(self, token: str) -> None:
+        if token == START:
+            self._state, self._header_tokens = "role", 0
+            self._fields = {"role": "", "header": "", "constrain": ""}
+        elif token == CHANNEL and self._state in ("role", "idle", "header"):
+            if self._state == "idle":
+                self._fields, self._header_tokens = {"role": "assistant", "header": "",
+                                                     "constrain": ""}, 0
+            self._state = "header"
+        elif token == CONSTRAIN and self._state in ("role", "header"):
+            self._state = "constrain"
+        elif token == MESSAGE and self._state != "body":
+            self._open_body()
+        elif token in ENDS:
+            self._state, self._kind = "idle", None
+
+    def _open_body(self) -> None:
+        header = self._fields["role"] + " " + self._fields["header"]
+        words = self._fields["header"].split()
+        channel = words[0] if words else ""
+        m = _RECIPIENT.search(header)
+        recipient = m.group(1) if m else None
+        self._state, self._kind = "body", None
+        if recipient is None:
+            self._kind = "reasoning" if channel == "analysis" else "content"
+        elif (recipient.startswith("functions.") and self._tools is not None
+              and self._calls.start(recipient[len("functions."):])):
+            self._kind = "arguments"
+
+    def _text(self, text: str) -> None:
+        if self._state == "body":
+            if self._kind == "arguments":
+                self._calls.args(text)
+            elif self._kind is not None:
+                self._out.append(Event(self._kind, text))
+        elif self._state in self._fields:
+            self._fields[self._state] += text
+
+    def feed(self, token_ids: Sequence[int]) -> list[Event]:
+        for t in token_ids:
+            in_analysis = self._kind == "reasoning"
+            special = self._structure.get(t)
+            if special is not None or t in self.tok.special_ids:
+                self._detok = IncrementalDetokenizer(self.tok, skip_special_tokens=False)
+                if special is not None:
+                    self._special(special)
+            else:
+                delta = self._detok.add(t)
+                if delta:
+                    self._text(delta)
+            if self._state in ("role", "header", "constrain") or special == MESSAGE:
+                self._header_tokens += 1
+                if special == MESSAGE and self._kind == "reasoning":
+                    self.reasoning_tokens += self._header_tokens
+            elif in_analysis or self._kind == "reasoning":
+                self.reasoning_tokens += 1
+        out = list(self._out)
+        self._out.clear()
+        return out
+
+    def finish(self) -> list[Event]:
+        return []

@@ -53,3 +53,40 @@ ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
                                         "tool_calls": [{"id": "", "function": {
                                             "name": "", "arguments": ""}}]}], "max_tokens": 2}),
 ]
+
+
+def parse_in_cuts(tokenizer, ids, cuts, **options):
+    """The merged events of one output fed to a fresh parser in the pieces `cuts` (token
+    counts), and its reasoning_tokens; call ids blanked after their format is checked."""
+    from swaserve.server.chat_output import make_output_parser, merge_events
+
+    parser = make_output_parser(tokenizer, **options)
+    events, at = [], 0
+    for n in cuts:
+        events += parser.feed(ids[at:at + n])
+        at += n
+    events += parser.feed(ids[at:]) + parser.finish()
+    return blank_ids(merge_events(events), options.get("tools")), parser.reasoning_tokens
+
+
+def blank_ids(events, tools):
+    """Events with call ids checked (Mistral's nine alphanumerics, else call_ + hex) and
+    blanked, so that two parses compare."""
+    import dataclasses
+    import re
+
+    pattern = r"[A-Za-z0-9]{9}" if tools == "mistral" else r"call_[0-9a-f]+"
+    for e in events:
+        if e.kind == "call":
+            assert re.fullmatch(pattern, e.call_id), e.call_id
+    return [dataclasses.replace(e, call_id=None) for e in events]
+
+
+def random_cuts(rng, total):
+    """Piece sizes that add up to at most `total`: short and long pieces mixed."""
+    cuts, left = [], total
+    while left > 0:
+        n = rng.choice([1, 1, 2, 3, 5, 8])
+        cuts.append(min(n, left))
+        left -= n
+    return cuts

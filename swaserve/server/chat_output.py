@@ -174,13 +174,14 @@ def make_output_parser(tokenizer: Tokenizer, *, reasoning: str | None, tools: st
     return TokenTextParser(tokenizer, inner)
 
 
-_PICKS = [  # (pattern in the template, (reasoning, tools)); the first that matches wins
-    (re.compile(r"<\|channel\|>"), ("harmony", "harmony")),
-    (re.compile(r"<function=|<parameter="), ("qwen3", "qwen3_xml")),
-    (re.compile(r"<tool_call>"), ("qwen3", "hermes")),
-    (re.compile(r"tool▁calls▁begin"), (None, "deepseek")),
-    (re.compile(r"\[TOOL_CALLS\]"), (None, "mistral")),
-    (re.compile(r"<\|python_tag\|>|<\|eom_id\|>"), (None, "llama3_json")),
+_PICKS = [  # (patterns all in the template, (reasoning, tools)); the first that fits wins
+    ((r"<\|channel\|>",), ("harmony", "harmony")),
+    ((r"<tool_call>", r"<function=", r"<parameter="), ("qwen3", "qwen3_xml")),
+    ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",), ("qwen3", "hermes")),  # a JSON object inside
+    ((r"tool▁calls▁begin",), (None, "deepseek")),
+    ((r"\[TOOL_CALLS\]",), (None, "mistral")),
+    ((r"<\|python_tag\|>|<\|eom_id\|>",), (None, "llama3_json")),
+    ((r"<\|start_header_id\|>", r'"parameters"'), (None, "llama3_json")),
 ]
 
 
@@ -189,8 +190,10 @@ def default_parsers(template_source: str | None) -> tuple[str | None, str | None
     (None, "json") otherwise (the built-in template, an unknown one)."""
     if not template_source:
         return None, "json"
-    for pattern, (reasoning, tools) in _PICKS:
-        if pattern.search(template_source):
+    if "<arg_key>" in template_source:
+        return None, None  # GLM's own call syntax, which no parser here reads
+    for patterns, (reasoning, tools) in _PICKS:
+        if all(re.search(p, template_source) for p in patterns):
             if reasoning == "qwen3" and "<think>" not in template_source:
                 reasoning = None  # Qwen2.5 and Hermes: tool calls, no thinking
             if tools == "deepseek" and "<think>" in template_source:

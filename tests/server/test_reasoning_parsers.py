@@ -83,8 +83,9 @@ def test_eos_is_left_out():
 TEMPLATES = {
     "openai-gpt-oss-120b": '<|start|>assistant<|channel|>final<|message|>',
     "Qwen3": "{{ '<think>\\n\\n</think>' }}<tool_call>\\n{{ tool_call | tojson }}",
-    "Qwen3.5": "<think>\\n<tool_call>\\n<function=' + name + '>",
+    "Qwen3.5": "<think>\\n<tool_call>\\n<function=' + name + '>\\n<parameter=",
     "Qwen2.5": "<tool_call>\\n{\"name\": <function-name>}",
+    "GLM-4.6": "<think></think><tool_call>{function-name}\n<arg_key>k</arg_key>",
     "Llama-3.1": "<|python_tag|>{{ call }}<|eom_id|>",
     "Mistral-Small-3.2": "{{- '[TOOL_CALLS]' + name + '[ARGS]' }}",
     "DeepSeek-V3.1": "<｜Assistant｜><think><｜tool▁calls▁begin｜>",
@@ -96,6 +97,7 @@ TEMPLATES = {
 @pytest.mark.parametrize("name, want", [
     ("openai-gpt-oss-120b", ("harmony", "harmony")), ("Qwen3", ("qwen3", "hermes")),
     ("Qwen3.5", ("qwen3", "qwen3_xml")), ("Qwen2.5", (None, "hermes")),
+    ("GLM-4.6", (None, None)),
     ("Llama-3.1", (None, "llama3_json")), ("Mistral-Small-3.2", (None, "mistral")),
     ("DeepSeek-V3.1", ("deepseek_r1", "deepseek")), ("R1-Distill", ("deepseek_r1", "json")),
     ("Gemma", (None, "json"))])

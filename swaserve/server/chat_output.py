@@ -178,7 +178,7 @@ _PICKS = [  # (patterns all in the template, (reasoning, tools)); the first that
     ((r"<\|channel\|>",), ("harmony", "harmony")),
     ((r"<tool_call>", r"<function=", r"<parameter="), ("qwen3", "qwen3_xml")),
     ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",), ("qwen3", "hermes")),  # a JSON object inside
-    ((r"tool▁calls▁begin",), (None, "deepseek")),
+    ((r"tool▁calls▁begin|｜DSML｜",), (None, "deepseek")),
     ((r"\[TOOL_CALLS\]",), (None, "mistral")),
     ((r"<\|python_tag\|>|<\|eom_id\|>",), (None, "llama3_json")),
     ((r"<\|start_header_id\|>", r'"parameters"'), (None, "llama3_json")),

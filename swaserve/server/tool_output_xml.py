@@ -1,6 +1,6 @@
 """Tool calls whose parts are delimited by tags: DeepSeek V3.1's special tokens (the
-arguments are the JSON between them), and Qwen3-Coder / Qwen3.5's XML-like syntax, with
-arguments built as JSON:
+arguments are the JSON between them), DeepSeek V3.2 / V4's DSML and Qwen3-Coder /
+Qwen3.5's XML-like syntax, whose parameters become the arguments' JSON:
 
     <tool_call>
     <function=NAME>
@@ -10,10 +10,16 @@ arguments built as JSON:
     </function>
     </tool_call>
 
-A value is a string when the tool's schema says its parameter is one (it streams, escaped
-as it comes); otherwise it is read whole and taken as JSON where it parses, else as a
-string. The newline that opens and the one that closes a value are the template's, not
-the value's.
+    <｜DSML｜tool_calls>            (V3.2: function_calls)
+    <｜DSML｜invoke name="NAME">
+    <｜DSML｜parameter name="P" string="true">VALUE</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜tool_calls>
+
+A value is a string when the call says so (DSML's string="true") or the tool's schema
+does (its parameter's type); a string streams, escaped as it comes. Another value is read
+whole and taken as JSON where it parses, else as a string. The newlines that open and
+close a Qwen value are the template's, not the value's.
 """
 
 from __future__ import annotations
@@ -46,13 +52,12 @@ def json_value(text: str) -> str:
         return json.dumps(text, ensure_ascii=False)
 
 
-class Qwen3XmlCalls(MarkedCalls):
-    """The XML-like calls above, streamed."""
+class TaggedParams(MarkedCalls):
+    """What the tagged formats share: markers in turn, names up to a delimiter, and
+    parameter values turned into the arguments' JSON as they stream."""
 
-    opens = ("<tool_call>",)
-
-    def enter(self, marker: str) -> None:
-        self.state = "function"
+    value_ends: tuple[str, ...] = ()
+    trims_newlines = False  # a value's opening and closing newline are the template's
 
     def _marker_next(self, final: bool, nexts: dict[str, str]) -> bool | None:
         """Whitespace, then one of `nexts` (-> its state); None when something else came."""
@@ -66,10 +71,6 @@ class Qwen3XmlCalls(MarkedCalls):
             return False
         return None
 
-    def s_function(self, final: bool) -> bool:
-        r = self._marker_next(final, {FUNCTION: "function_name"})
-        return self.fail(self.buf) if r is None else r
-
     def _upto(self, final: bool, end: str) -> str | None:
         """The text up to `end` (consumed), or None while it has not come."""
         i = self.buf.find(end)
@@ -79,6 +80,57 @@ class Qwen3XmlCalls(MarkedCalls):
         self.raw += self.buf[:i + len(end)]
         self.buf = self.buf[i + len(end):]
         return text
+
+    def begin_param(self, pname: str, is_string: bool) -> None:
+        """A parameter's key said; its value comes next."""
+        self.calls.args(("{" if not self.params else ", ") + json.dumps(pname) + ": ")
+        self.params += 1
+        self.is_string = is_string
+        if is_string:
+            self.calls.args('"')
+        self.state, self.value, self._lead = "value", "", self.trims_newlines
+
+    def s_value(self, final: bool) -> bool:
+        if self._lead:  # the template's newline after the parameter tag
+            if not self.buf:
+                return False
+            if self.buf.startswith("\n"):
+                self.buf = self.buf[1:]
+            self._lead = False
+        ends = self.value_ends
+        hit = find_marker(self.buf, ends)
+        if hit is None:
+            k = len(self.buf) if final else held_from(self.buf, ends)
+            self._value(self.buf[:k])
+            self.buf = self.buf[k:]
+            return False
+        i, marker = hit
+        self._value(self.buf[:i])
+        self.buf = self.buf[i + len(marker):]
+        self.calls.args('"' if self.is_string else json_value(self.value))
+        self.state = "parameters"
+        return True
+
+    def _value(self, text: str) -> None:
+        if self.is_string:
+            if text:
+                self.calls.args(json.dumps(text, ensure_ascii=False)[1:-1])
+        else:
+            self.value += text
+
+class Qwen3XmlCalls(TaggedParams):
+    """Qwen3-Coder / Qwen3.5's calls, streamed."""
+
+    opens = ("<tool_call>",)
+    value_ends = ("\n" + END_PARAMETER, END_PARAMETER)
+    trims_newlines = True
+
+    def enter(self, marker: str) -> None:
+        self.state = "function"
+
+    def s_function(self, final: bool) -> bool:
+        r = self._marker_next(final, {FUNCTION: "function_name"})
+        return self.fail(self.buf) if r is None else r
 
     def s_function_name(self, final: bool) -> bool:
         name = self._upto(final, ">")
@@ -103,41 +155,8 @@ class Qwen3XmlCalls(MarkedCalls):
         if pname is None:
             return False
         pname = pname.strip()
-        self.calls.args(("{" if not self.params else ", ") + json.dumps(pname) + ": ")
-        self.params += 1
-        self.is_string = parameter_type(self.calls.names, self.name, pname) == "string"
-        if self.is_string:
-            self.calls.args('"')
-        self.state, self.value, self._lead = "value", "", True
+        self.begin_param(pname, parameter_type(self.calls.names, self.name, pname) == "string")
         return True
-
-    def s_value(self, final: bool) -> bool:
-        if self._lead:  # the template's newline after the parameter tag
-            if not self.buf:
-                return False
-            if self.buf.startswith("\n"):
-                self.buf = self.buf[1:]
-            self._lead = False
-        ends = ("\n" + END_PARAMETER, END_PARAMETER)
-        hit = find_marker(self.buf, ends)
-        if hit is None:
-            k = len(self.buf) if final else held_from(self.buf, ends)
-            self._value(self.buf[:k])
-            self.buf = self.buf[k:]
-            return False
-        i, marker = hit
-        self._value(self.buf[:i])
-        self.buf = self.buf[i + len(marker):]
-        self.calls.args('"' if self.is_string else json_value(self.value))
-        self.state = "parameters"
-        return True
-
-    def _value(self, text: str) -> None:
-        if self.is_string:
-            if text:
-                self.calls.args(json.dumps(text, ensure_ascii=False)[1:-1])
-        else:
-            self.value += text
 
     def s_closing(self, final: bool) -> bool:
         return self.expect(final, END_CALL, "content") and self._closed()
@@ -153,18 +172,61 @@ DS = {k: f"<｜{v}｜>" for k, v in {
     "call_begin": "tool▁call▁begin", "call_end": "tool▁call▁end", "sep": "tool▁sep"}.items()}
 
 
-class DeepSeekCalls(MarkedCalls):
-    """DeepSeek V3.1: `<｜tool▁calls▁begin｜>` then `<｜tool▁call▁begin｜>name<｜tool▁sep｜>
-    {json}<｜tool▁call▁end｜>` per call, then `<｜tool▁calls▁end｜>`."""
+DSML = "｜DSML｜"
+DSML_OPENS = (f"<{DSML}tool_calls>", f"<{DSML}function_calls>")
+INVOKE, END_INVOKE = f'<{DSML}invoke name="', f"</{DSML}invoke>"
+DSML_PARAMETER, END_DSML_PARAMETER = f'<{DSML}parameter name="', f"</{DSML}parameter>"
 
-    opens = (DS["calls_begin"], DS["call_begin"])
-    special_opens = frozenset(opens)
+
+class DeepSeekCalls(TaggedParams):
+    """DeepSeek V3.1: `<｜tool▁calls▁begin｜>` then `<｜tool▁call▁begin｜>name<｜tool▁sep｜>
+    {json}<｜tool▁call▁end｜>` per call, then `<｜tool▁calls▁end｜>`; and V3.2 / V4's DSML."""
+
+    opens = (DS["calls_begin"], DS["call_begin"], *DSML_OPENS)
+    special_opens = frozenset(DS.values())
     markers = frozenset(DS.values())
+    value_ends = (END_DSML_PARAMETER,)
 
     def enter(self, marker: str) -> None:
         self.state = "calls"
         if marker == DS["call_begin"]:
             self.state, self.name = "name", ""
+        elif marker in DSML_OPENS:
+            self.state, self.dsml_end = "invokes", "</" + marker[1:]
+
+    def s_invokes(self, final: bool) -> bool:
+        r = self._marker_next(final, {INVOKE: "invoke_name", self.dsml_end: "content"})
+        if r is None:
+            return self.fail(self.buf)
+        if r and self.state == "content":
+            self.close_calls()
+        return r
+
+    def s_invoke_name(self, final: bool) -> bool:
+        name = self._upto(final, '">')
+        if name is None:
+            return False
+        self.name = name
+        if not self.calls.start(name):
+            return self.fail(self.buf)
+        self.state, self.params = "parameters", 0
+        return True
+
+    def s_parameters(self, final: bool) -> bool:
+        r = self._marker_next(final, {DSML_PARAMETER: "parameter_name", END_INVOKE: "invokes"})
+        if r is None:
+            return self.fail(self.buf)
+        if r and self.state == "invokes":
+            self.calls.args("}" if self.params else "{}")
+        return r
+
+    def s_parameter_name(self, final: bool) -> bool:
+        head = self._upto(final, ">")  # P" string="true"
+        if head is None:
+            return False
+        pname, _, attrs = head.partition('"')
+        self.begin_param(pname, 'string="true"' in attrs)
+        return True
 
     def s_calls(self, final: bool) -> bool:
         return self.expect_one(final, {DS["call_begin"]: "name", DS["calls_end"]: "end"})

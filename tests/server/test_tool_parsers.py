@@ -37,6 +37,14 @@ def ds_call(args):
     return f"<｜tool▁call▁begin｜>get<｜tool▁sep｜>{json.dumps(args)}<｜tool▁call▁end｜>"
 
 
+def dsml(args, block="tool_calls"):
+    d = "｜DSML｜"
+    params = "".join(
+        f'<{d}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+        f"{v if isinstance(v, str) else json.dumps(v)}</{d}parameter>\n" for k, v in args.items())
+    return f'\n\n<{d}{block}>\n<{d}invoke name="get">\n{params}</{d}invoke>\n</{d}{block}>'
+
+
 CALLS = [("get", ARGS1), ("get", ARGS2)]
 # (family, tools, output text, the content, the calls)
 CASES = [
@@ -54,6 +62,9 @@ CASES = [
         [{"name": "get", "arguments": ARGS1}, {"name": "get", "arguments": ARGS2}]), "", CALLS),
     ("deepseek", "deepseek", "Hi.<｜tool▁calls▁begin｜>" + ds_call(ARGS1) + ds_call(ARGS2)
      + "<｜tool▁calls▁end｜>", "Hi.", CALLS),
+    ("deepseek", "deepseek", "V4." + dsml(ARGS1) + dsml(ARGS2), "V4.\n\n", CALLS),
+    ("deepseek", "deepseek", "V3.2." + dsml(ARGS1, "function_calls"), "V3.2.\n\n",
+     CALLS[:1]),
     ("qwen3", "json", json.dumps({"name": "get", "arguments": ARGS1}), "", CALLS[:1]),
     ("qwen3", "json", "Here:\n```json\n" + json.dumps(
         [{"name": "get", "arguments": ARGS1}, {"name": "get", "parameters": ARGS2}]) + "\n```",

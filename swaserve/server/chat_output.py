@@ -21,8 +21,9 @@ from typing import Literal, Protocol
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
 
-REASONING_PARSERS = ("harmony", "qwen3", "deepseek_r1")
-TOOL_PARSERS = ("harmony", "hermes", "qwen3_xml", "llama3_json", "mistral", "deepseek", "json")
+REASONING_PARSERS = ("harmony", "qwen3", "deepseek_r1", "gemma4")
+TOOL_PARSERS = ("harmony", "hermes", "qwen3_xml", "llama3_json", "mistral", "deepseek", "gemma4",
+                "json")
 
 
 @dataclass(frozen=True)
@@ -170,12 +171,13 @@ def make_output_parser(tokenizer: Tokenizer, *, reasoning: str | None, tools: st
     if tools is not None and tool_names is not None:
         inner = make_tool_text_parser(tools, tool_names, parallel_tool_calls)
     if reasoning is not None:
-        inner = ThinkSplitter(inner, prompt)
+        inner = ThinkSplitter(inner, prompt, reasoning)
     return TokenTextParser(tokenizer, inner)
 
 
 _PICKS = [  # (patterns all in the template, (reasoning, tools)); the first that fits wins
     ((r"<\|channel\|>",), ("harmony", "harmony")),
+    ((r"<\|tool_call>call:",), ("gemma4", "gemma4")),
     ((r"<tool_call>", r"<function=", r"<parameter="), ("qwen3", "qwen3_xml")),
     ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",), ("qwen3", "hermes")),  # a JSON object inside
     ((r"tool▁calls▁begin|｜DSML｜",), (None, "deepseek")),

@@ -1,4 +1,5 @@
-"""Reasoning in `<think>`…`</think>` (Qwen3, DeepSeek-R1 and its distills): the text
+"""Reasoning in `<think>`…`</think>` (Qwen3, DeepSeek-R1 and its distills; Gemma 4's
+`<|channel>thought`…`<channel|>` alike): the text
 inside is reasoning, the text after goes on to the tool parser (or is content).
 
 Where the output starts is read from the prompt's end, as llama.cpp reads it: a prompt
@@ -13,20 +14,26 @@ from __future__ import annotations
 from swaserve.server.chat_output import Event, TextParser, find_marker, held_from
 
 THINK, END_THINK = "<think>", "</think>"
+# parser -> (the block's opening, its end, the special tokens among them)
+BLOCKS = {"qwen3": (THINK, END_THINK, (THINK, END_THINK)),
+          "deepseek_r1": (THINK, END_THINK, (THINK, END_THINK)),
+          "gemma4": ("<|channel>thought", "<channel|>", ("<|channel>", "<channel|>"))}
 
 
-def prompt_opens_think(prompt: str) -> bool:
+def prompt_opens_think(prompt: str, opening: str = THINK) -> bool:
     """Whether the rendered prompt leaves the output inside a think block."""
-    return prompt.rstrip().endswith(THINK)
+    return prompt.rstrip().endswith(opening)
 
 
 class ThinkSplitter:
-    """Reasoning out of a think block; the rest to `inner`."""
+    """Reasoning out of a think block; the rest to `inner`. `kind` names the block's tags
+    (BLOCKS: Gemma 4 writes `<|channel>thought`…`<channel|>`)."""
 
-    def __init__(self, inner: TextParser, prompt: str = ""):
+    def __init__(self, inner: TextParser, prompt: str = "", kind: str = "qwen3"):
         self.inner = inner
-        self.markers = inner.markers | {THINK, END_THINK}
-        self._state = "think" if prompt_opens_think(prompt) else "start"
+        self.open, self.close, specials = BLOCKS[kind]
+        self.markers = inner.markers | set(specials)
+        self._state = "think" if prompt_opens_think(prompt, self.open) else "start"
         self._buf = ""
         self._strip = True  # the next part's leading whitespace is dropped
 
@@ -56,23 +63,23 @@ class ThinkSplitter:
             if self._state == "start":
                 if not self._lstrip():
                     break
-                if self._buf.startswith(THINK):
-                    self._buf = self._buf[len(THINK):]
+                if self._buf.startswith(self.open):
+                    self._buf = self._buf[len(self.open):]
                     self._state, self._strip = "think", True
                     continue
-                if THINK.startswith(self._buf) and not final:
+                if self.open.startswith(self._buf) and not final:
                     break
                 self._state = "after"
             elif self._state == "think":
                 if not self._lstrip():
                     break
-                hit = find_marker(self._buf, (END_THINK,))
+                hit = find_marker(self._buf, (self.close,))
                 if hit is not None:
                     out.append(Event("reasoning", self._buf[:hit[0]]))
-                    self._buf = self._buf[hit[0] + len(END_THINK):]
+                    self._buf = self._buf[hit[0] + len(self.close):]
                     self._state, self._strip = "after", True
                     continue
-                k = len(self._buf) if final else held_from(self._buf, (END_THINK,))
+                k = len(self._buf) if final else held_from(self._buf, (self.close,))
                 if k:
                     out.append(Event("reasoning", self._buf[:k]))
                 self._buf = self._buf[k:]

@@ -353,8 +353,10 @@ class MistralCalls(MarkedCalls):
 
 def make_tool_text_parser(name: str, tool_names, parallel: bool) -> TextParser:
     """The text parser of tool format `name` (chat_output.TOOL_PARSERS but harmony)."""
+    from swaserve.server.tool_output_gemma4 import Gemma4Calls
     from swaserve.server.tool_output_xml import DeepSeekCalls, Qwen3XmlCalls
 
     classes = {"hermes": HermesCalls, "json": JsonFallbackCalls, "llama3_json": Llama3Calls,
-               "mistral": MistralCalls, "deepseek": DeepSeekCalls, "qwen3_xml": Qwen3XmlCalls}
+               "mistral": MistralCalls, "deepseek": DeepSeekCalls, "qwen3_xml": Qwen3XmlCalls,
+               "gemma4": Gemma4Calls}
     return classes[name](tool_names, parallel)

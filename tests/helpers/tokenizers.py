@@ -1,6 +1,6 @@
 """Real tokenizers for tests, built offline from the vocabularies quicktok-v1 ships: o200k
 with the Harmony specials (gpt-oss), Qwen3 and Llama 3.1; and tiny byte-level ones with the
-Mistral and DeepSeek special tokens, whose real vocabularies no package ships.
+Mistral, DeepSeek and Gemma 4 special tokens, whose real vocabularies no package ships.
 `write_tokenizer(family, directory)` writes tokenizer.json and tokenizer_config.json, as a
 checkpoint directory holds them; `load_tokenizer(family)` gives swaserve's Tokenizer."""
 
@@ -45,6 +45,9 @@ WORD_FAMILIES = {  # family -> (special tokens, eos)
                   "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
                   "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>"],
                  ["<｜end▁of▁sentence｜>"]),
+    "gemma4": (["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|tool_call>",
+                "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|tool_response>",
+                "<tool_response|>"], ["<turn|>", "<eos>"]),
 }
 
 
@@ -135,7 +138,7 @@ def _build_words(family: str, directory: Path) -> None:
 
 def write_tokenizer(family: str, directory: str | os.PathLike) -> Path:
     """tokenizer.json and tokenizer_config.json of `family` ("gpt-oss", "qwen3", "llama3",
-    "mistral", "deepseek") in `directory`; built once per quicktok version and copied from a
+    "mistral", "deepseek", "gemma4") in `directory`; built once per quicktok version and copied from a
     cache under the user's cache directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -28,12 +28,14 @@ FRAGMENTS = {
                              '<｜DSML｜parameter name="a" string="true">', "</｜DSML｜parameter>",
                              '<｜DSML｜parameter name="n" string="false">', "</｜DSML｜invoke>",
                              "</｜DSML｜tool_calls>", "<｜DSML｜"],
+    "gemma4": ["<|tool_call>", "call:get{", "call:nope{", "<tool_call|>", '<|"|>', "k:", "1",
+               "[", "]", "{", "}", ",", "text", " ", "<|tool_"],
     "qwen3_xml": ["<tool_call>\n", "<function=get>\n", "<function=nope>", "<parameter=a>\n",
                   "<parameter=n>\n", "12", "text", "\n</parameter>\n", "</parameter>",
                   "</function>\n", "</tool_call>", "<tool_", "\n", " "],
 }
 FAMILY = {"hermes": "qwen3", "json": "qwen3", "qwen3_xml": "qwen3", "llama3_json": "llama3",
-          "mistral": "mistral", "deepseek": "deepseek"}
+          "mistral": "mistral", "deepseek": "deepseek", "gemma4": "gemma4"}
 THINK_BITS = ["<think>", "</think>", "<th", "ink>", "</", "\n"]
 NAMES = {"get": {"type": "object", "properties": {"a": {"type": "string"},
                                                    "n": {"type": "integer"}}}}

@@ -42,6 +42,19 @@ def test_think_blocks_in_any_cuts(reasoning, prompt, text, want):
         assert parse_in_cuts(tok, ids, cuts, **opts) == (whole, counted)
 
 
+@pytest.mark.parametrize("prompt, text, want", [
+    ("<|turn>model\n", "<|channel>thought\nWhy.<channel|>Because.",
+     [Event("reasoning", "Why."), Event("content", "Because.")]),
+    ("<|turn>model\n<|channel>thought\n<channel|>", "Because.", [Event("content", "Because.")]),
+])
+def test_gemma4_thought_channel(prompt, text, want):
+    tok = load_tokenizer("gemma4")
+    ids = tok.encode(text, add_special_tokens=False)
+    opts = dict(reasoning="gemma4", tools="gemma4", tool_names={"get"}, prompt=prompt)
+    for cuts in ([len(ids)], [1] * len(ids), [2] * len(ids)):
+        assert parse_in_cuts(tok, ids, cuts, **opts)[0] == want
+
+
 def test_reasoning_tokens_are_the_think_blocks_tokens():
     tok = load_tokenizer("qwen3")
     think = tok.encode("<think>\nA few words of thought.\n</think>", add_special_tokens=False)
@@ -91,6 +104,7 @@ TEMPLATES = {
     "DeepSeek-V3.1": "<｜Assistant｜><think><｜tool▁calls▁begin｜>",
     "R1-Distill": "<｜Assistant｜><think>\\n",
     "Gemma": "<start_of_turn>model\\n",
+    "Gemma 4": "{{- '<|tool_call>call:' + function['name'] + '{' -}}",
 }
 
 
@@ -100,7 +114,7 @@ TEMPLATES = {
     ("GLM-4.6", (None, None)),
     ("Llama-3.1", (None, "llama3_json")), ("Mistral-Small-3.2", (None, "mistral")),
     ("DeepSeek-V3.1", ("deepseek_r1", "deepseek")), ("R1-Distill", ("deepseek_r1", "json")),
-    ("Gemma", (None, "json"))])
+    ("Gemma", (None, "json")), ("Gemma 4", ("gemma4", "gemma4"))])
 def test_default_parsers_read_the_template(name, want):
     assert default_parsers(TEMPLATES[name]) == want
     assert default_parsers(None) == (None, "json")

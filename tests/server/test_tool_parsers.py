@@ -45,6 +45,12 @@ def dsml(args, block="tool_calls"):
     return f'\n\n<{d}{block}>\n<{d}invoke name="get">\n{params}</{d}invoke>\n</{d}{block}>'
 
 
+def gemma4(args):
+    body = ",".join(f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}"
+                    for k, v in args.items())
+    return "<|tool_call>call:get{" + body + "}<tool_call|>"
+
+
 CALLS = [("get", ARGS1), ("get", ARGS2)]
 # (family, tools, output text, the content, the calls)
 CASES = [
@@ -65,6 +71,9 @@ CASES = [
     ("deepseek", "deepseek", "V4." + dsml(ARGS1) + dsml(ARGS2), "V4.\n\n", CALLS),
     ("deepseek", "deepseek", "V3.2." + dsml(ARGS1, "function_calls"), "V3.2.\n\n",
      CALLS[:1]),
+    ("gemma4", "gemma4", "Checking.\n" + gemma4(ARGS1) + gemma4(ARGS2), "Checking.\n", CALLS),
+    ("gemma4", "gemma4", "<|tool_call>call:get{list:[1,<|\"|>a<|\"|>],o:{k:true}}<tool_call|>",
+     "", [("get", {"list": [1, "a"], "o": {"k": True}})]),
     ("qwen3", "json", json.dumps({"name": "get", "arguments": ARGS1}), "", CALLS[:1]),
     ("qwen3", "json", "Here:\n```json\n" + json.dumps(
         [{"name": "get", "arguments": ARGS1}, {"name": "get", "parameters": ARGS2}]) + "\n```",

@@ -1,0 +1,106 @@
+"""Gemma 4's tool calls, `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, whose values
+are JSON-like with bare keys and strings between `<|"|>` marks. The call's body is turned
+into the arguments' JSON as it streams: keys quoted, strings escaped, scalars as they are
+(a bare word that is not a JSON scalar becomes a string)."""
+
+from __future__ import annotations
+
+import json
+
+from swaserve.server.chat_output import held_from
+from swaserve.server.tool_output import MarkedCalls
+from swaserve.server.tool_output_xml import json_value
+
+OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+
+
+class Gemma4Calls(MarkedCalls):
+    """The calls above, streamed."""
+
+    opens = (OPEN,)
+    special_opens = frozenset(opens)
+    markers = frozenset({OPEN, CLOSE, QUOTE})
+
+    def enter(self, marker: str) -> None:
+        self.state, self.name = "call", ""
+
+    def s_call(self, final: bool) -> bool:
+        s = self.buf.lstrip()
+        if s.startswith("call:"):
+            self.raw += "call:"
+            self.buf, self.state = s[len("call:"):], "name"
+            return True
+        if not s or ("call:".startswith(s) and not final):
+            return False
+        return self.fail(self.buf)
+
+    def s_name(self, final: bool) -> bool:
+        i = self.buf.find("{")
+        if i < 0:
+            self.name += self.buf
+            self.raw += self.buf
+            self.buf = ""
+            return False
+        self.name += self.buf[:i]
+        self.raw += self.buf[:i + 1]
+        self.buf = self.buf[i + 1:]
+        if not self.calls.start(self.name.strip()):
+            return self.fail(self.buf)
+        self.calls.args("{")
+        self.stack, self.want_key, self.in_str, self.word = ["{"], True, False, ""
+        self.state = "body"
+        return True
+
+    def s_body(self, final: bool) -> bool:
+        out = []
+        while self.buf:
+            if self.in_str:
+                i = self.buf.find(QUOTE)
+                k = i if i >= 0 else (len(self.buf) if final else held_from(self.buf, (QUOTE,)))
+                if k:
+                    out.append(json.dumps(self.buf[:k], ensure_ascii=False)[1:-1])
+                if i < 0:
+                    self.buf = self.buf[k:]
+                    break
+                out.append('"')
+                self.buf, self.in_str = self.buf[i + len(QUOTE):], False
+                continue
+            if self.buf.startswith(QUOTE):
+                out.append('"')
+                self.buf, self.in_str = self.buf[len(QUOTE):], True
+                continue
+            if QUOTE.startswith(self.buf) and not final:
+                break
+            ch, self.buf = self.buf[0], self.buf[1:]
+            if ch not in "{}[],:" and not ch.isspace():
+                self.word += ch
+                continue
+            if self.word.strip():
+                key = self.want_key and self.stack[-1] == "{"
+                out.append(json.dumps(self.word.strip()) if key else json_value(self.word.strip()))
+            self.word = ""
+            if ch.isspace():
+                continue
+            out.append(ch)
+            if ch in "{[":
+                self.stack.append(ch)
+                self.want_key = ch == "{"
+            elif ch in "}]":
+                self.stack.pop()
+                if not self.stack:
+                    self.calls.args("".join(out))
+                    self.state = "closing"
+                    return True
+            elif ch == ",":
+                self.want_key = self.stack[-1] == "{"
+            elif ch == ":":
+                self.want_key = False
+        self.calls.args("".join(out))
+        return False
+
+    def s_closing(self, final: bool) -> bool:
+        if self.expect(final, CLOSE, "content"):
+            if self.state == "content":
+                self._strip = True
+            return True
+        return False

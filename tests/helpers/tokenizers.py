@@ -152,10 +152,10 @@ def write_tokenizer(family: str, directory: str | os.PathLike) -> Path:
         eos = (BPE_FAMILIES[family][3] if family in BPE_FAMILIES else WORD_FAMILIES[family][1])
         (tmp / "tokenizer_config.json").write_text(json.dumps(
             {"eos_token": eos[0], "additional_special_tokens": eos[1:]}))
-        if cache.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
+        try:
             tmp.rename(cache)
+        except OSError:  # another process built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(cache / name, directory / name)
     return directory / "tokenizer.json"

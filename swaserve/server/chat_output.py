@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
 
-REASONING_PARSERS = ("harmony", "qwen3", "deepseek_r1", "gemma4")
+REASONING_PARSERS = ("harmony", "qwen3", "deepseek_r1", "gemma4", "mistral")
 TOOL_PARSERS = ("harmony", "hermes", "qwen3_xml", "llama3_json", "mistral", "deepseek", "gemma4",
                 "json")
 
@@ -181,6 +181,7 @@ _PICKS = [  # (patterns all in the template, (reasoning, tools)); the first that
     ((r"<tool_call>", r"<function=", r"<parameter="), ("qwen3", "qwen3_xml")),
     ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",), ("qwen3", "hermes")),  # a JSON object inside
     ((r"tool▁calls▁begin|｜DSML｜",), (None, "deepseek")),
+    ((r"\[TOOL_CALLS\]", r"\[THINK\]"), ("mistral", "mistral")),
     ((r"\[TOOL_CALLS\]",), (None, "mistral")),
     ((r"<\|python_tag\|>|<\|eom_id\|>",), (None, "llama3_json")),
     ((r"<\|start_header_id\|>", r'"parameters"'), (None, "llama3_json")),

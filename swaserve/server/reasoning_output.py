@@ -1,5 +1,5 @@
 """Reasoning in `<think>`…`</think>` (Qwen3, DeepSeek-R1 and its distills; Gemma 4's
-`<|channel>thought`…`<channel|>` alike): the text
+`<|channel>thought`…`<channel|>` and Magistral's `[THINK]`…`[/THINK]` alike): the text
 inside is reasoning, the text after goes on to the tool parser (or is content).
 
 Where the output starts is read from the prompt's end, as llama.cpp reads it: a prompt
@@ -17,7 +17,8 @@ THINK, END_THINK = "<think>", "</think>"
 # parser -> (the block's opening, its end, the special tokens among them)
 BLOCKS = {"qwen3": (THINK, END_THINK, (THINK, END_THINK)),
           "deepseek_r1": (THINK, END_THINK, (THINK, END_THINK)),
-          "gemma4": ("<|channel>thought", "<channel|>", ("<|channel>", "<channel|>"))}
+          "gemma4": ("<|channel>thought", "<channel|>", ("<|channel>", "<channel|>")),
+          "mistral": ("[THINK]", "[/THINK]", ("[THINK]", "[/THINK]"))}
 
 
 def prompt_opens_think(prompt: str, opening: str = THINK) -> bool:

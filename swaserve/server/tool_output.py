@@ -66,15 +66,14 @@ class MarkedCalls:
 
     def __init__(self, tool_names: Collection[str], parallel: bool):
         self.out: list[Event] = []
-        self.calls = CallLog(self.out, tool_names, parallel, self.call_id())
+        self.calls = CallLog(self.out, tool_names, parallel, self.new_call_id)
         self.buf = ""
         self.state = "start"
         self.raw = ""  # the text of the block being read, content if it is not a call
+        self._read_at_open = 0  # calls read before the block: none since means no call
         self._strip = False
 
-    @staticmethod
-    def call_id():
-        return openai_call_id
+    new_call_id = staticmethod(openai_call_id)
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -136,8 +135,6 @@ class MarkedCalls:
         self.raw = "" if marker in self.special_opens else marker
         self._read_at_open = self.calls.read
         self.enter(marker)
-
-    _read_at_open = 0
 
     def enter(self, marker: str) -> None:
         raise NotImplementedError
@@ -282,9 +279,7 @@ class MistralCalls(MarkedCalls):
     special_opens = frozenset(opens)
     markers = frozenset({"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"})
 
-    @staticmethod
-    def call_id():
-        return mistral_call_id
+    new_call_id = staticmethod(mistral_call_id)
 
     def enter(self, marker: str) -> None:
         self.state, self.name = "kind", ""

@@ -55,6 +55,29 @@ def test_gemma4_thought_channel(prompt, text, want):
         assert parse_in_cuts(tok, ids, cuts, **opts)[0] == want
 
 
+def test_magistral_think_then_a_call():
+    tok = load_tokenizer("mistral")
+    text = '[THINK]Need the weather.[/THINK]Checking.[TOOL_CALLS]get[ARGS]{"a": 1}'
+    ids = tok.encode(text, add_special_tokens=False)
+    got, counted = parse_in_cuts(tok, ids, [1] * len(ids), reasoning="mistral",
+                                 tools="mistral", tool_names={"get"})
+    assert [(e.kind, e.text) for e in got] == [
+        ("reasoning", "Need the weather."), ("content", "Checking."), ("call", ""),
+        ("arguments", '{"a": 1}')]
+    assert counted == len(tok.encode("[THINK]Need the weather.[/THINK]",
+                                     add_special_tokens=False))
+
+
+def test_unknown_parsers_are_refused():
+    tok = load_tokenizer("qwen3")
+    from swaserve.server.chat_output import make_output_parser
+
+    with pytest.raises(ValueError, match="reasoning"):
+        make_output_parser(tok, reasoning="nope", tools=None, tool_names=None)
+    with pytest.raises(ValueError, match="tool"):
+        make_output_parser(tok, reasoning=None, tools="nope", tool_names=None)
+
+
 def test_reasoning_tokens_are_the_think_blocks_tokens():
     tok = load_tokenizer("qwen3")
     think = tok.encode("<think>\nA few words of thought.\n</think>", add_special_tokens=False)
@@ -101,6 +124,7 @@ TEMPLATES = {
     "GLM-4.6": "<think></think><tool_call>{function-name}\n<arg_key>k</arg_key>",
     "Llama-3.1": "<|python_tag|>{{ call }}<|eom_id|>",
     "Mistral-Small-3.2": "{{- '[TOOL_CALLS]' + name + '[ARGS]' }}",
+    "Ministral-3-Reasoning": "[THINK]' + thinking + '[/THINK]'{{- '[TOOL_CALLS]' }}",
     "DeepSeek-V3.1": "<｜Assistant｜><think><｜tool▁calls▁begin｜>",
     "R1-Distill": "<｜Assistant｜><think>\\n",
     "Gemma": "<start_of_turn>model\\n",
@@ -113,6 +137,7 @@ TEMPLATES = {
     ("Qwen3.5", ("qwen3", "qwen3_xml")), ("Qwen2.5", (None, "hermes")),
     ("GLM-4.6", (None, None)),
     ("Llama-3.1", (None, "llama3_json")), ("Mistral-Small-3.2", (None, "mistral")),
+    ("Ministral-3-Reasoning", ("mistral", "mistral")),
     ("DeepSeek-V3.1", ("deepseek_r1", "deepseek")), ("R1-Distill", ("deepseek_r1", "json")),
     ("Gemma", (None, "json")), ("Gemma 4", ("gemma4", "gemma4"))])
 def test_default_parsers_read_the_template(name, want):

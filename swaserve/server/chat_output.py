@@ -8,7 +8,8 @@ special tokens (eos) are left out, as `skip_special_tokens` leaves them out.
 
 The contract every parser keeps: feeding a token sequence one token at a time, in any cuts,
 or all at once gives the same events once adjacent events of one kind (and one call) are
-merged (`merge_events`); a call's `arguments` fragments concatenate to its arguments' JSON.
+merged (`merge_events`); a call's `arguments` fragments concatenate to its arguments' JSON
+(a well-formed call's: arguments stream as written, so a cut-short one keeps what came).
 """
 
 from __future__ import annotations

@@ -178,3 +178,26 @@ def test_tokenizer_info_reports_the_template_in_use(app, model_dir):
         assert asyncio.run(info(other))["chat_template"] == "{{ messages[0].content }}!"
         assert prompt_text(other, {"messages": [USER]}) == "hello!"
 
+
+def test_serve_flags(tmp_path):
+    from swaserve.cli import build_parser
+    from swaserve.cli.serve import server_options
+
+    def options(*flags):
+        return server_options(build_parser().parse_args(["serve", *flags]))
+
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    got = options("--chat-template", str(f), "--default-chat-template-kwargs",
+                  '{"enable_thinking": false}')
+    assert got.chat_template == "{{ messages[0].content }}"
+    assert got.default_chat_template_kwargs == {"enable_thinking": False}
+    assert options("--chat-template", "{{ 'inline' }}").chat_template == "{{ 'inline' }}"
+    assert options().chat_template is None and options().default_chat_template_kwargs == {}
+    for bad in ("[1]", "{x", '"s"'):
+        with pytest.raises(SystemExit):
+            options("--default-chat-template-kwargs", bad)
+    with pytest.raises(ValueError, match="default_chat_template_kwargs"):
+        options("--default-chat-template-kwargs", '{"messages": 1}')
+    with pytest.raises(ValueError, match="does not compile"):
+        options("--chat-template", "{% if %}")

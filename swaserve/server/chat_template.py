@@ -182,9 +182,18 @@ class ChatTemplate:
             "messages: the model has several chat templates and none named 'default' "
             f"(it has {sorted(self.sources)})")
 
-    def source_for(self, tools: bool) -> str:
-        """The text of the template a chat uses (what its output format is read from)."""
-        return self.sources[self.name_for(tools)]
+    def source_for(self, tools: bool, name: str | None = None) -> str:
+        """The text of the template a chat uses (what its output format is read from):
+        the one named, else the one `name_for` picks."""
+        return self.sources[self._pick(tools, name)]
+
+    def _pick(self, tools: bool, name: str | None) -> str:
+        if name is None:
+            return self.name_for(tools)
+        if name not in self.sources:
+            raise ChatTemplateError(f"chat_template: the model has no template {name!r} "
+                                    f"(it has {sorted(self.sources)})", "chat_template")
+        return name
 
     def render(self, messages: list[Mapping[str, Any]], *, tools: list[dict] | None = None,
                documents: list[dict] | None = None, add_generation_prompt: bool = True,
@@ -204,11 +213,7 @@ class ChatTemplate:
             raise ChatTemplateError("continue_final_message: needs add_generation_prompt "
                                     "false (one continues the last message, the other "
                                     "starts a new one)", "continue_final_message")
-        if name is None:
-            name = self.name_for(tools is not None)
-        elif name not in self.sources:
-            raise ChatTemplateError(f"chat_template: the model has no template {name!r} "
-                                    f"(it has {sorted(self.sources)})", "chat_template")
+        name = self._pick(tools is not None, name)
         chat = [_alias_reasoning({k: v for k, v in _plain(m).items() if v is not None})
                 for m in messages]
         final = self._tag_final(chat, name) if continue_final_message else None

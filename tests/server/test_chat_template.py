@@ -109,7 +109,7 @@ def test_tool_use_is_picked_when_tools_are_given():
     t = ChatTemplate({"default": "plain", "tool_use": "tools", "rag": "docs"})
     assert t.render(USER) == "plain" and t.render(USER, tools=[]) == "tools"
     assert t.source_for(True) == "tools" and t.source_for(False) == "plain"
-    assert t.render(USER, name="rag") == "docs"
+    assert t.render(USER, name="rag") == "docs" and t.source_for(True, "rag") == "docs"
     with pytest.raises(ChatTemplateError) as e:
         t.render(USER, name="nope")
     assert e.value.param == "chat_template"

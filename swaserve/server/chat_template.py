@@ -14,6 +14,7 @@ and then the caller's template kwargs, which override the special tokens.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,7 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
 GEMMA_END_OF_TURN = "<end_of_turn>"
+log = logging.getLogger("swaserve")
 # the names a render passes itself; template kwargs may not use them
 RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
                              "continue_final_message"})
@@ -153,7 +155,9 @@ def _alias_reasoning(message: dict) -> dict:
 
 class ChatTemplate:
     """One model's chat templates by name (`default`, `tool_use`, ...), compiled once, and
-    its special tokens. `source` None is the built-in Gemma template."""
+    its special tokens. `source` None is the built-in Gemma template. A default template
+    that does not compile is an error at once; another one is left out (with a warning),
+    so that the model still serves the chats it can."""
 
     def __init__(self, source: str | Mapping[str, str] | None,
                  special_tokens: Mapping[str, str] | None = None):
@@ -165,11 +169,15 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens or {})
         env = make_environment()
         self._compiled = {}
-        for name, text in self.sources.items():
+        for name, text in list(self.sources.items()):
             try:
                 self._compiled[name] = env.from_string(text)
             except TemplateError as e:
-                raise ChatTemplateError(f"chat template {name!r} does not compile: {e}") from e
+                if name == "default" or len(self.sources) == 1:
+                    raise ChatTemplateError(f"chat template {name!r} does not compile: "
+                                            f"{e}") from e
+                log.warning("chat template %r does not compile (%s); left out", name, e)
+                del self.sources[name]
 
     def name_for(self, tools: bool) -> str:
         """Which template a chat uses: `tool_use` for one with tools where the model has

@@ -78,6 +78,9 @@ def test_raise_exception_is_the_requests_error():
 def test_a_template_that_does_not_compile_fails_at_once():
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for %}")
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate({"default": "{% for %}", "rag": "x"})
+    assert ChatTemplate({"default": "x", "rag": "{% for %}"}).sources == {"default": "x"}
 
 
 def test_variables_special_tokens_then_kwargs():

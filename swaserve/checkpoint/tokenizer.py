@@ -1,30 +1,49 @@
 """Tokenizers: tokenizer.json via the `tokenizers` library, or converted once from GGUF
 metadata (transformers' GGUF conversion, slow enough to do once) and cached as
-tokenizer.json."""
+tokenizer.json; with the model's chat templates and special tokens, found where
+transformers finds them (tokenizer_files.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
 from swaserve.checkpoint.source import ModelLoadError, ModelSource
+from swaserve.checkpoint.tokenizer_files import (
+    find_chat_templates,
+    generation_eos_ids,
+    gguf_chat_templates,
+    gguf_eos_ids,
+    gguf_special_tokens,
+    special_tokens,
+)
 
 log = logging.getLogger("swaserve")
 
 
 class Tokenizer:
-    def __init__(self, backend, *, chat_template: str | None = None,
+    """A `tokenizers.Tokenizer` with what chat needs beside it: the chat templates by name
+    (`default`, `tool_use`, ...), the special tokens' strings by name (`bos_token`,
+    `eos_token`, ...: what templates read), and the ids generation stops on."""
+
+    def __init__(self, backend, *, chat_templates: dict[str, str] | None = None,
+                 special_tokens: dict[str, str] | None = None,
                  bos_token_id: int | None = None, eos_token_ids: tuple[int, ...] = ()):
         self._tk = backend  # tokenizers.Tokenizer
-        self.chat_template = chat_template
+        self.chat_templates = dict(chat_templates or {})
+        self.special_tokens = dict(special_tokens or {})
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
         self.special_ids = {i for i, t in added.items() if t.special}
+
+    @property
+    def chat_template(self) -> str | None:
+        """The default chat template's text (None: the model names none)."""
+        return self.chat_templates.get("default")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # the batch call releases the GIL (`encode` holds it throughout: a long prompt would
@@ -46,24 +65,23 @@ class Tokenizer:
         return self._tk.id_to_token(token_id)
 
 
-def _from_file(path: Path, config_path: Path | None, source: ModelSource) -> Tokenizer:
+def _from_file(path: Path, source: ModelSource) -> Tokenizer:
     from tokenizers import Tokenizer as TK
 
     tk = TK.from_file(str(path))
-    template = None
-    if config_path is not None and config_path.exists():
-        try:
-            template = json.loads(config_path.read_text()).get("chat_template")
-        except (OSError, json.JSONDecodeError):
-            template = None
-    if template is None and source.gguf_meta is not None:
-        template = source.gguf_meta.get("tokenizer.chat_template")
-    tmpl_file = source.directory / "chat_template.jinja"
-    if template is None and source.fmt == "hf" and tmpl_file.exists():
-        template = tmpl_file.read_text()
     cfg = source.model_config()
-    return Tokenizer(tk, chat_template=template, bos_token_id=cfg.bos_token_id,
-                     eos_token_ids=cfg.eos_token_ids)
+    eos = cfg.eos_token_ids
+    if source.fmt == "hf":
+        templates = find_chat_templates(source.path)
+        tokens = special_tokens(source.path)
+        eos += tuple(i for i in generation_eos_ids(source.path) if i not in eos)
+    else:
+        meta = source.gguf_meta or {}
+        templates = gguf_chat_templates(meta)
+        tokens = gguf_special_tokens(meta, tk.id_to_token)
+        eos += tuple(i for i in gguf_eos_ids(meta) if i not in eos)
+    return Tokenizer(tk, chat_templates=templates, special_tokens=tokens,
+                     bos_token_id=cfg.bos_token_id, eos_token_ids=eos)
 
 
 def load_tokenizer(source: ModelSource) -> Tokenizer | None:
@@ -71,7 +89,7 @@ def load_tokenizer(source: ModelSource) -> Tokenizer | None:
     if source.fmt == "hf":
         tj = source.path / "tokenizer.json"
         if tj.exists():
-            return _from_file(tj, source.path / "tokenizer_config.json", source)
+            return _from_file(tj, source)
         return None
     cache = source.cache_dir() / "tokenizer"
     tj = cache / "tokenizer.json"
@@ -91,4 +109,4 @@ def load_tokenizer(source: ModelSource) -> Tokenizer | None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.rename(cache)
-    return _from_file(tj, cache / "tokenizer_config.json", source)
+    return _from_file(tj, source)

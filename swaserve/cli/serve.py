@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import uvicorn
 
 from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from swaserve.server.chat_template import ChatTemplate
 from swaserve.server.factory import ServerOptions
 
 log = logging.getLogger("swaserve")
@@ -78,6 +80,13 @@ def register(sub) -> None:
     p.add_argument("--public-path", action="append", default=[],
                    help="with --api-key, a path served without the key (e.g. /metrics); "
                         "repeatable. /health is always open")
+    p.add_argument("--chat-template", default=None,
+                   help="a chat template (Jinja) to use instead of the model's own: a file's "
+                        "path, or the template's text")
+    p.add_argument("--default-chat-template-kwargs", type=_json_object, default={},
+                   metavar="JSON", help="template variables every chat gets unless its "
+                   "request's chat_template_kwargs set them, e.g. '{\"enable_thinking\": "
+                   "false}'")
     g = p.add_argument_group("replicas (Ray Serve: pip install 'ray[serve]')")
     g.add_argument("--data-parallel-size", "--replicas", dest="data_parallel_size", type=int,
                    default=1, help="engine replicas behind the one port, each a Ray Serve "
@@ -96,12 +105,38 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: an existing file's text, else the value itself (as vLLM reads it);
+    checked to compile before the model loads."""
+    if value is None:
+        return None
+    try:
+        is_file = os.path.isfile(value)
+    except (OSError, ValueError):  # too long or odd to be a path: a template's text
+        is_file = False
+    text = open(value, encoding="utf-8").read() if is_file else value
+    ChatTemplate(text)
+    return text
+
+
 def server_options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(api_key=args.api_key, served_model_name=args.served_model_name,
                          max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                          shutdown_timeout=args.shutdown_timeout,
                          max_request_bytes=args.max_request_bytes,
-                         public_paths=frozenset(args.public_path))
+                         public_paths=frozenset(args.public_path),
+                         chat_template=read_chat_template(args.chat_template),
+                         default_chat_template_kwargs=args.default_chat_template_kwargs)
 
 
 def run(args: argparse.Namespace) -> int:

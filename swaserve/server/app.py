@@ -11,7 +11,8 @@ only: a 5xx body, or in a stream an error event and then the stream's end.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,12 +35,15 @@ _ERROR_BODIES: tuple[tuple[str, Callable[[APIError], dict]], ...] = ()
 
 def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               public_paths: frozenset[str] = frozenset()) -> FastAPI:
+               public_paths: frozenset[str] = frozenset(), *, chat_template: str | None = None,
+               template_kwargs: Mapping[str, Any] | None = None) -> FastAPI:
+    """The app of one engine. `chat_template` (a template's text) replaces the model's
+    own; `template_kwargs` are the template variables every chat gets by default."""
     metrics = Metrics()
     aengine.metrics = metrics
     metrics.on_state(aengine.engine.stats())
     aengine.engine.grammars.warm_up()  # the grammar token table, built before the first request
-    state = AppState.of(aengine, model_name, metrics)
+    state = AppState.of(aengine, model_name, metrics, chat_template, template_kwargs)
     app = FastAPI(title="swaserve", docs_url=None, redoc_url=None)
     _add_error_handlers(app, metrics)
     routes_admin.add_routes(app, state)

@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
 
 from swaserve.config import EngineConfig
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from swaserve.server.async_engine import AsyncEngine
+from swaserve.server.chat_template import RESERVED_KWARGS
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,19 @@ class ServerOptions:
     shutdown_timeout: float = 10.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     public_paths: frozenset[str] = frozenset()
+    chat_template: str | None = None  # a template's text, replacing the model's own
+    # template variables every chat gets unless its request sets them
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
+        kwargs = self.default_chat_template_kwargs
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError("default_chat_template_kwargs: must be a JSON object, got "
+                             f"{kwargs!r}")
+        reserved = sorted(RESERVED_KWARGS & kwargs.keys())
+        if reserved:
+            raise ValueError(f"default_chat_template_kwargs: {reserved[0]!r} is set by each "
+                             "request itself")
         for name in ("max_waiting", "max_request_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -54,5 +67,6 @@ def build_server(config: EngineConfig, options: ServerOptions) -> Server:
                           request_timeout=options.request_timeout)
     name = options.served_model_name or default_model_name(engine)
     app = create_app(aengine, name, options.api_key, options.max_request_bytes,
-                     options.public_paths)
+                     options.public_paths, chat_template=options.chat_template,
+                     template_kwargs=options.default_chat_template_kwargs)
     return Server(aengine, app, name)

@@ -34,6 +34,21 @@ def _utf8(s: str) -> str:
     return s
 
 
+def _utf8_json(v: Any) -> Any:
+    """JSON data whose every key and string is valid Unicode (templates write it into the
+    prompt, which must encode)."""
+    if isinstance(v, str):
+        _utf8(v)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _utf8_json(k)
+            _utf8_json(x)
+    elif isinstance(v, list):
+        for x in v:
+            _utf8_json(x)
+    return v
+
+
 def _number(v: Any) -> Any:
     if isinstance(v, (bool, str)):
         raise ValueError("must be a number")
@@ -47,6 +62,7 @@ def _integer(v: Any) -> Any:
 
 
 Text = Annotated[str, Field(strict=True), AfterValidator(_utf8)]
+JSONObject = Annotated[dict[str, Any], AfterValidator(_utf8_json)]
 Number = Annotated[float, BeforeValidator(_number), Field(allow_inf_nan=False)]
 Integer = Annotated[int, BeforeValidator(_integer)]
 Flag = Annotated[bool, Field(strict=True)]
@@ -140,7 +156,7 @@ class FunctionSpec(BaseModel):
 
     name: Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
     description: Text | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    parameters: JSONObject | None = None  # a JSON schema of the arguments object
     strict: Flag | None = None
 
 
@@ -166,6 +182,10 @@ class ChatMessage(BaseModel):
     name: Text | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: Text | None = None  # a tool turn: the call it answers
+    # an assistant turn's reasoning, under any of its names (templates get all of them)
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
+    thinking: Text | None = None
 
     @field_validator("content", mode="wrap")
     @classmethod
@@ -185,7 +205,21 @@ class ChatMessage(BaseModel):
             raise ValueError("must be a string, null, or a list of text parts") from None
 
 
-class ChatCompletionRequest(_Common):
+class _ChatTemplateFields(BaseModel):
+    """How a chat is rendered by the chat template (vLLM's fields): `chat_template_kwargs`
+    become template variables, `reasoning_effort` the variable `reasoning_effort`;
+    `continue_final_message` leaves the last (assistant) message open instead of adding a
+    generation prompt; `chat_template` names one of the model's templates."""
+
+    chat_template: Text | None = None
+    chat_template_kwargs: JSONObject | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    add_generation_prompt: Flag = True
+    continue_final_message: Flag = False
+    documents: list[JSONObject] | None = None
+
+
+class ChatCompletionRequest(_Common, _ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Integer | None = None
     max_completion_tokens: Integer | None = None
@@ -196,16 +230,19 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: Flag | None = None
 
 
-class TokenizeRequest(BaseModel):
-    """vLLM's /tokenize: a text (`prompt`) or a chat (`messages`, rendered by the template)."""
+class TokenizeRequest(_ChatTemplateFields):
+    """vLLM's /tokenize: a text (`prompt`) or a chat (`messages`, with the chat fields of
+    /v1/chat/completions, rendered as a chat renders them). `add_special_tokens` unset:
+    true for a text, and for a chat what a chat does."""
 
     model_config = ConfigDict(extra="allow")
 
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: Flag = True
-    add_generation_prompt: Flag = True
+    add_special_tokens: Flag | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 class DetokenizeRequest(BaseModel):

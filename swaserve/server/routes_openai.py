@@ -17,12 +17,12 @@ from swaserve.server.adapter import (
     sampling_params,
     schema_param,
 )
-from swaserve.server.chat_template import ChatTemplateError
+from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import Prepared, answer, encode, prepare, prepare_all
 from swaserve.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from swaserve.server.state import AppState
-from swaserve.server.tools import plan_tools, render_chat
+from swaserve.server.tools import plan_tools
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:
@@ -97,17 +97,11 @@ async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
         params.json_schema = tools.schema
     if state.end_of_turn is not None:
         params.stop_token_ids = list(params.stop_token_ids or []) + [state.end_of_turn]
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
 
     def render() -> list[int]:
-        try:
-            text = render_chat(state.template, messages, tools)
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), "messages") from e
-        tok = state.tokenizer
-        bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
+        text = chat_prompt(state, body, tools)
         return encode(state, text, "messages",
-                      add_special_tokens=not (bos and text.startswith(bos)))
+                      add_special_tokens=not starts_with_bos(state, text))
 
     prepared = await prepare(state, params, render, "messages", max_tokens,
                              schema_param(body, tools=tools is not None))

@@ -1,5 +1,5 @@
 """The tokenizer over HTTP, in vLLM's shapes: /tokenize, /detokenize and /tokenizer_info
-(what lm-eval's remote tokenizer reads: the special tokens and the chat template)."""
+(what lm-eval's remote tokenizer reads: the special tokens and the chat template in use)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import asyncio
 
 from fastapi import FastAPI
 
-from swaserve.server.chat_template import GEMMA_TEMPLATE, ChatTemplateError
+from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
 from swaserve.server.protocol import DetokenizeRequest, TokenizeRequest
 from swaserve.server.state import AppState
-from swaserve.server.tools import render_chat
+from swaserve.server.tools import plan_tools
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:
@@ -31,16 +31,17 @@ def add_routes(app: FastAPI, state: AppState) -> None:
         param = "prompt" if body.prompt is not None else "messages"
         need_tokenizer(param)
 
+        plan = plan_tools(body) if body.messages is not None else None
+
         def work() -> list[int]:
-            text = body.prompt
-            if text is None:
-                try:
-                    text = render_chat(template, [m.model_dump(exclude_none=True)
-                                                  for m in body.messages], None,
-                                       body.add_generation_prompt)
-                except ChatTemplateError as e:
-                    raise APIError(400, str(e), "messages") from e
-            return tok.encode(text, add_special_tokens=body.add_special_tokens)
+            special = body.add_special_tokens
+            if body.prompt is not None:
+                text = body.prompt
+            else:  # as a chat would be prompted
+                text = chat_prompt(state, body, plan)
+                if special is None:
+                    special = not starts_with_bos(state, text)
+            return tok.encode(text, add_special_tokens=special is not False)
 
         ids = await asyncio.to_thread(work)
         return {"tokens": ids, "count": len(ids), "max_model_len": max_len}
@@ -65,7 +66,11 @@ def add_routes(app: FastAPI, state: AppState) -> None:
 
         eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
         pad = engine.whole_model_config.pad_token_id
-        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_token_id),
-                "eos_token": name(eos), "pad_token": name(pad),
-                "chat_template": tok.chat_template or GEMMA_TEMPLATE,
+        named = tok.special_tokens
+        return {"tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": named.get("bos_token", name(tok.bos_token_id)),
+                "eos_token": named.get("eos_token", name(eos)),
+                "pad_token": named.get("pad_token", name(pad)),
+                "chat_template": template.sources.get("default", template.sources),
+                "special_tokens": named,
                 "model_max_length": max_len, "vocab_size": tok.vocab_size}

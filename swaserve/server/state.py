@@ -4,7 +4,9 @@ hands it to each module of routes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.engine import Engine
@@ -21,16 +23,22 @@ class AppState:
     metrics: Metrics
     template: ChatTemplate | None  # None: the model has no tokenizer, so no chat
     end_of_turn: int | None  # a stop token of every chat (Gemma's, under the built-in template)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's defaults
 
     @classmethod
-    def of(cls, aengine: AsyncEngine, model_name: str, metrics: Metrics) -> AppState:
+    def of(cls, aengine: AsyncEngine, model_name: str, metrics: Metrics,
+           chat_template: str | None = None,
+           template_kwargs: Mapping[str, Any] | None = None) -> AppState:
+        """`chat_template` (a template's text) replaces the model's own templates."""
         tok = aengine.engine.tokenizer
         template = end_of_turn = None
         if tok is not None:
-            template = ChatTemplate(tok.chat_template, bos_token="", eos_token="")
+            source = chat_template or tok.chat_templates or None
+            template = ChatTemplate(source, tok.special_tokens)
             if template.builtin:
                 end_of_turn = tok.token_to_id(GEMMA_END_OF_TURN)
-        return cls(aengine, model_name, metrics, template, end_of_turn)
+        return cls(aengine, model_name, metrics, template, end_of_turn,
+                   dict(template_kwargs or {}))
 
     @property
     def engine(self) -> Engine:

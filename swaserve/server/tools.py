@@ -26,7 +26,6 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from swaserve.server.chat_template import ChatTemplate
 from swaserve.server.errors import APIError
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
@@ -60,9 +59,9 @@ def plan_tools(body) -> ToolPlan | None:
     specs = [t.model_dump(exclude_none=True) for t in tools]
     if choice == "auto":
         return ToolPlan("auto", params, specs)
-    fmt = body.response_format or {}
+    fmt = getattr(body, "response_format", None) or {}  # /tokenize bodies have none
     if fmt.get("type") not in (None, "text") or any(
-            getattr(body, f) is not None for f in ("json_schema", "guided_json", "regex",
+            getattr(body, f, None) is not None for f in ("json_schema", "guided_json", "regex",
                                                     "guided_regex", "ebnf", "grammar",
                                                     "guided_grammar")):
         raise APIError(400, "tool_choice: a required or named tool call is already "
@@ -138,13 +137,16 @@ def tool_instruction(specs: list[dict]) -> str:
 
 def template_messages(messages: list[dict], plan: ToolPlan | None,
                       builtin: bool) -> list[dict]:
-    """The chat's messages as the template reads them. Tool calls' arguments become
-    objects (templates write them with `tojson`); for the built-in template, which knows
-    no tools, a call is written in the format above and a tool result as a user turn."""
+    """The chat's messages as the template reads them. Content is text: OpenAI's text
+    parts are joined, and a missing or null content is "" (an assistant turn that only
+    calls tools sends null; templates such as Qwen3's fail on a turn without content).
+    Tool calls' arguments become objects (templates write them with `tojson`); for the
+    built-in template, which knows no tools, a call is written in the format above and a
+    tool result as a user turn."""
     names = {}
     out = []
     for m in messages:
-        m = dict(m)
+        m = {**m, "content": _text(m.get("content"))}
         calls = m.get("tool_calls") or []
         for c in calls:
             names[c["id"]] = c["function"]["name"]
@@ -171,11 +173,3 @@ def _text(content) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content or ""
-
-
-def render_chat(template: ChatTemplate, messages: list[dict], plan: ToolPlan | None,
-                add_generation_prompt: bool = True) -> str:
-    """A chat's prompt text (ChatTemplateError for what the template refuses)."""
-    msgs = template_messages(messages, plan, template.builtin)
-    specs = plan.specs if plan is not None and not template.builtin else None
-    return template.render(msgs, add_generation_prompt, tools=specs)

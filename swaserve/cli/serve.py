@@ -15,6 +15,7 @@ import uvicorn
 
 from swaserve.cli.args import add_engine_args, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from swaserve.server.chat_output import REASONING_PARSERS, TOOL_PARSERS
 from swaserve.server.chat_template import ChatTemplate
 from swaserve.server.factory import ServerOptions
 
@@ -87,6 +88,13 @@ def register(sub) -> None:
                    metavar="JSON", help="template variables every chat gets unless its "
                    "request's chat_template_kwargs set them, e.g. '{\"enable_thinking\": "
                    "false}'")
+    p.add_argument("--reasoning-parser", default="auto",
+                   choices=["auto", "none", *REASONING_PARSERS],
+                   help="how the model's reasoning is told from its answer "
+                        "(message.reasoning_content); auto: from the chat template")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "none", *TOOL_PARSERS],
+                   help="the syntax the model writes tool calls in; auto: from the chat "
+                        "template (json: bare JSON objects, fenced or in <tool_call>)")
     g = p.add_argument_group("replicas (Ray Serve: pip install 'ray[serve]')")
     g.add_argument("--data-parallel-size", "--replicas", dest="data_parallel_size", type=int,
                    default=1, help="engine replicas behind the one port, each a Ray Serve "
@@ -136,7 +144,9 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          max_request_bytes=args.max_request_bytes,
                          public_paths=frozenset(args.public_path),
                          chat_template=read_chat_template(args.chat_template),
-                         default_chat_template_kwargs=args.default_chat_template_kwargs)
+                         default_chat_template_kwargs=args.default_chat_template_kwargs,
+                         reasoning_parser=args.reasoning_parser,
+                         tool_call_parser=args.tool_call_parser)
 
 
 def run(args: argparse.Namespace) -> int:

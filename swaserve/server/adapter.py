@@ -1,5 +1,6 @@
 """The OpenAI mapping, shared by completions and chat: a request body becomes
-`SamplingParams`, and the engine's events become stream chunks and whole responses."""
+`SamplingParams`, and the engine's events become stream chunks and whole responses
+(completions here; chat's answer in chat_format.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from swaserve.sampling.params import SamplingParams
 from swaserve.server.async_engine import Delta, Final
 from swaserve.server.errors import APIError, as_api_error
 from swaserve.server.lifecycle import sse
-from swaserve.server.logprobs import chat_logprobs, completion_logprobs
-from swaserve.server.tools import ToolPlan, new_call, parse_calls
+from swaserve.server.logprobs import completion_logprobs
 
 _PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
@@ -157,64 +157,3 @@ class CompletionFormat(ResponseFormat):
                 "stop_reason": d.stop_reason, "logprobs": logprobs}
 
     _chunk_choice = _choice
-
-
-class ChatFormat(ResponseFormat):
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-    id_prefix = "chatcmpl"
-
-    def __init__(self, *args, tools: ToolPlan | None = None, **kw):
-        super().__init__(*args, **kw)
-        self.tools = tools  # tools.py: how calls are constrained and read back
-        self._named_call: list[dict | None] = [None] * self.n  # streamed call, per choice
-        self._held = [""] * self.n  # required / auto: text held until the choice ends
-
-    def head(self) -> list[dict]:  # each choice opens with its role
-        return [self._envelope(self.chunk_object, [{
-            "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-            "finish_reason": None}]) for i in range(self.n)]
-
-    def _logprobs(self, d: Delta) -> dict | None:
-        if self.num_logprobs is None:
-            return None
-        return chat_logprobs(self.tok, d, self.num_logprobs)
-
-    def _finish(self, d: Delta, calls: list[dict] | None) -> str | None:
-        return "tool_calls" if calls and d.finish_reason == "stop" else d.finish_reason
-
-    def _chunk_choice(self, d: Delta) -> dict | None:
-        plan = self.tools
-        if plan is not None and plan.mode == "named":
-            # the arguments stream as they come: the call's name and id first
-            first = self._named_call[d.index] is None
-            if first:
-                self._named_call[d.index] = new_call(plan.name, "")
-            call = self._named_call[d.index]
-            part = {"index": 0, "function": {"arguments": d.text}}
-            if first:
-                part = {**part, "id": call["id"], "type": "function",
-                        "function": {"name": plan.name, "arguments": d.text}}
-            finish = "tool_calls" if d.finish_reason == "stop" else d.finish_reason
-            return {"index": d.index, "delta": {"tool_calls": [part]},
-                    "logprobs": self._logprobs(d), "finish_reason": finish}
-        if plan is not None:  # the whole text decides whether it is a call: hold it
-            self._held[d.index] += d.text
-            if not d.finish_reason:
-                return None
-            text = self._held[d.index]
-            calls = parse_calls(text, plan)
-            delta = ({"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
-                     if calls else {"content": text})
-            return {"index": d.index, "delta": delta, "logprobs": self._logprobs(d),
-                    "finish_reason": self._finish(d, calls)}
-        delta = {"content": d.text} if d.text or not d.finish_reason else {}
-        return {"index": d.index, "delta": delta, "logprobs": self._logprobs(d),
-                "finish_reason": d.finish_reason}
-
-    def _choice(self, d: Delta) -> dict:
-        calls = parse_calls(d.text, self.tools) if self.tools is not None else None
-        message = ({"role": "assistant", "content": None, "tool_calls": calls} if calls
-                   else {"role": "assistant", "content": d.text})
-        return {"index": d.index, "message": message, "logprobs": self._logprobs(d),
-                "finish_reason": self._finish(d, calls), "stop_reason": d.stop_reason}

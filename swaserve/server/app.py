@@ -36,14 +36,17 @@ _ERROR_BODIES: tuple[tuple[str, Callable[[APIError], dict]], ...] = ()
 def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                public_paths: frozenset[str] = frozenset(), *, chat_template: str | None = None,
-               template_kwargs: Mapping[str, Any] | None = None) -> FastAPI:
+               template_kwargs: Mapping[str, Any] | None = None, reasoning_parser: str = "auto",
+               tool_parser: str = "auto") -> FastAPI:
     """The app of one engine. `chat_template` (a template's text) replaces the model's
-    own; `template_kwargs` are the template variables every chat gets by default."""
+    own; `template_kwargs` are the template variables every chat gets by default; the
+    parsers name the output's formats (chat_output.py), `auto` or `none`."""
     metrics = Metrics()
     aengine.metrics = metrics
     metrics.on_state(aengine.engine.stats())
     aengine.engine.grammars.warm_up()  # the grammar token table, built before the first request
-    state = AppState.of(aengine, model_name, metrics, chat_template, template_kwargs)
+    state = AppState.of(aengine, model_name, metrics, chat_template, template_kwargs,
+                        reasoning_parser, tool_parser)
     app = FastAPI(title="swaserve", docs_url=None, redoc_url=None)
     _add_error_handlers(app, metrics)
     routes_admin.add_routes(app, state)

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from swaserve.config import EngineConfig
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from swaserve.server.async_engine import AsyncEngine
+from swaserve.server.chat_output import REASONING_PARSERS, TOOL_PARSERS
 from swaserve.server.chat_template import RESERVED_KWARGS
 
 
@@ -27,8 +28,16 @@ class ServerOptions:
     chat_template: str | None = None  # a template's text, replacing the model's own
     # template variables every chat gets unless its request sets them
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    # the output's formats: a parser's name, "auto" (from the template) or "none"
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
 
     def __post_init__(self):
+        for name, known in (("reasoning_parser", REASONING_PARSERS),
+                            ("tool_call_parser", TOOL_PARSERS)):
+            if getattr(self, name) not in ("auto", "none", *known):
+                raise ValueError(f"{name}: expected auto, none or one of {', '.join(known)}, "
+                                 f"got {getattr(self, name)!r}")
         kwargs = self.default_chat_template_kwargs
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError("default_chat_template_kwargs: must be a JSON object, got "
@@ -68,5 +77,7 @@ def build_server(config: EngineConfig, options: ServerOptions) -> Server:
     name = options.served_model_name or default_model_name(engine)
     app = create_app(aengine, name, options.api_key, options.max_request_bytes,
                      options.public_paths, chat_template=options.chat_template,
-                     template_kwargs=options.default_chat_template_kwargs)
+                     template_kwargs=options.default_chat_template_kwargs,
+                     reasoning_parser=options.reasoning_parser,
+                     tool_parser=options.tool_call_parser)
     return Server(aengine, app, name)

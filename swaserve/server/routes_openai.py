@@ -11,12 +11,12 @@ import uuid
 from fastapi import FastAPI, Request
 
 from swaserve.server.adapter import (
-    ChatFormat,
     CompletionFormat,
     ResponseFormat,
     sampling_params,
     schema_param,
 )
+from swaserve.server.chat_format import ChatFormat, ChatOutput
 from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import Prepared, answer, encode, prepare, prepare_all
@@ -93,17 +93,18 @@ async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
                   else body.max_tokens)
     tools = plan_tools(body)
     params = sampling_params(body, max_tokens, n_lp, state.max_model_len)
-    if tools is not None and tools.schema is not None:  # a required or named call
-        params.json_schema = tools.schema
     if state.end_of_turn is not None:
         params.stop_token_ids = list(params.stop_token_ids or []) + [state.end_of_turn]
+    output = ChatOutput(state, body, tools, params)
 
     def render() -> list[int]:
         text = chat_prompt(state, body, tools)
+        output.prompted(text)
         return encode(state, text, "messages",
                       add_special_tokens=not starts_with_bos(state, text))
 
     prepared = await prepare(state, params, render, "messages", max_tokens,
                              schema_param(body, tools=tools is not None))
-    fmt = _format(state, ChatFormat, body, [prepared], n_lp, tools=tools)
+    fmt = _format(state, ChatFormat, body, [prepared], n_lp, tools=tools,
+                  parser=output.parser(), stop=params.stop)
     return await answer(state, request, [prepared], fmt, body.stream)

@@ -11,9 +11,12 @@ from typing import Any
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.engine import Engine
 from swaserve.server.async_engine import AsyncEngine
+from swaserve.server.chat_output import default_parsers
 from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate
 from swaserve.server.errors import APIError
 from swaserve.server.metrics import Metrics
+
+AUTO, NONE = "auto", "none"  # parser choices besides a format's name
 
 
 @dataclass(frozen=True)
@@ -24,21 +27,30 @@ class AppState:
     template: ChatTemplate | None  # None: the model has no tokenizer, so no chat
     end_of_turn: int | None  # a stop token of every chat (Gemma's, under the built-in template)
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's defaults
+    # the output's formats (chat_output.py): reasoning, and tool calls; None: none
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
 
     @classmethod
     def of(cls, aengine: AsyncEngine, model_name: str, metrics: Metrics,
            chat_template: str | None = None,
-           template_kwargs: Mapping[str, Any] | None = None) -> AppState:
-        """`chat_template` (a template's text) replaces the model's own templates."""
+           template_kwargs: Mapping[str, Any] | None = None, reasoning_parser: str = AUTO,
+           tool_parser: str = AUTO) -> AppState:
+        """`chat_template` (a template's text) replaces the model's own templates; the
+        parsers are named, `auto` (what the template's syntax says) or `none`."""
         tok = aengine.engine.tokenizer
         template = end_of_turn = None
+        formats: tuple[str | None, str | None] = (None, None)
         if tok is not None:
             source = chat_template or tok.chat_templates or None
             template = ChatTemplate(source, tok.special_tokens)
             if template.builtin:
                 end_of_turn = tok.token_to_id(GEMMA_END_OF_TURN)
+            found = default_parsers(None if template.builtin else template.source_for(True))
+            formats = tuple(found[k] if name == AUTO else None if name == NONE else name
+                            for k, name in enumerate((reasoning_parser, tool_parser)))
         return cls(aengine, model_name, metrics, template, end_of_turn,
-                   dict(template_kwargs or {}))
+                   dict(template_kwargs or {}), *formats)
 
     @property
     def engine(self) -> Engine:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -144,3 +145,14 @@ def test_a_local_path_wins_over_a_hub_id(tiny_with_tokenizer, tmp_path, monkeypa
     with pytest.raises(ModelLoadError, match="revision: applies to a Hugging Face repo id"):
         resolve_model("org/tiny", revision="main")
 
+
+def test_served_model_name_is_the_hub_id_as_written(offline_cache):
+    from swaserve.server.factory import default_model_name
+
+    def name(model):
+        return default_model_name(SimpleNamespace(source=resolve_model(model)))
+
+    assert name("org/tiny") == "org/tiny"
+    assert name("org/tiny-GGUF:Q8_0") == "org/tiny-GGUF:Q8_0"
+    local = resolve_model("org/tiny-GGUF:Q8_0").path
+    assert name(str(local)) == "tiny-Q8_0"

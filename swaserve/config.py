@@ -63,7 +63,11 @@ class EngineConfig:
     """Everything a user chooses about an engine. The CLI flags are built from these fields."""
 
     model: str | None = field(default=None, metadata={
-        "help": "GGUF file or HF-style directory (config.json + safetensors); default: the bundled Gemma 3 270M"})
+        "help": "a GGUF file, an HF-style directory (config.json + safetensors), a Hugging Face "
+                "repo id (org/name) or a GGUF repo and quantization (org/name-GGUF:Q4_K_M); "
+                "default: the bundled Gemma 3 270M"})
+    revision: str | None = field(default=None, metadata={
+        "help": "branch, tag or commit of a Hugging Face repo id model (default: main)"})
     dtype: str = field(default="bfloat16", metadata={"help": "compute and KV dtype"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda or mlx (Apple silicon; mlx[cpu] on Linux)"})
     max_running_requests: int | None = field(default=None, metadata={

@@ -51,9 +51,29 @@ def add_engine_args(p: argparse.ArgumentParser, only: tuple[str, ...] | None = N
             _add(g, EngineConfig, f, "--" + f.name.replace("_", "-"), f.default, f.name)
 
 
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    """MODEL as a positional argument (vLLM's `serve MODEL`); `--model` names it too."""
+    p.add_argument("positional_model", nargs="?", default=None, metavar="MODEL",
+                   help="a GGUF file, an HF-style directory, a Hugging Face repo id "
+                        "(org/name) or a GGUF repo and quantization (org/name-GGUF:Q4_K_M); "
+                        "the same as --model")
+
+
+def model_arg(args: argparse.Namespace) -> str | None:
+    """The model named by MODEL or --model; naming two different ones is an error."""
+    positional, flag = getattr(args, "positional_model", None), getattr(args, "model", None)
+    if positional is not None and flag is not None and positional != flag:
+        raise ValueError(f"model: MODEL ({positional}) and --model ({flag}) name different "
+                         "models; give one of them")
+    return positional if positional is not None else flag
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in EngineConfig.fields()
-                           if hasattr(args, f.name)})
+    values = {f.name: getattr(args, f.name) for f in EngineConfig.fields()
+              if hasattr(args, f.name)}
+    if "model" in values:
+        values["model"] = model_arg(args)
+    return EngineConfig(**values)
 
 
 def add_sampling_args(p: argparse.ArgumentParser, **defaults) -> None:

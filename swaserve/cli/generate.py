@@ -6,11 +6,19 @@ import argparse
 import dataclasses
 import json
 
-from swaserve.cli.args import add_engine_args, add_sampling_args, engine_config, sampling_params
+from swaserve.cli.args import (
+    add_engine_args,
+    add_model_arg,
+    add_sampling_args,
+    engine_config,
+    sampling_params,
+)
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="complete one prompt offline")
+    g = sub.add_parser("generate", help="complete one prompt offline",
+                       usage="%(prog)s [options] [MODEL] PROMPT")
+    add_model_arg(g)
     g.add_argument("prompt")
     g.add_argument("--token-ids", action="store_true", help="PROMPT is comma-separated token ids")
     g.add_argument("--json", action="store_true", help="print JSON")

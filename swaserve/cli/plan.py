@@ -7,16 +7,17 @@ import argparse
 import dataclasses
 import json
 
-from swaserve.cli.args import add_engine_args, engine_config
+from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.config import DTYPE_BYTES, EngineConfig
 from swaserve.memory.planner import compare_accounting
 
-PLAN_FIELDS = ("model", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
+PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
                "speculative", "num_draft_tokens", "tensor_parallel_size")
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="KV capacity of a budget: ring vs token-scaled vs full history")
+    add_model_arg(p)
     p.add_argument("--context", type=int, default=32768, help="tokens per request")
     p.add_argument("--swa-ratio", type=float, default=0.8,
                    help="SWA pool / full pool token ratio for token-scaled accounting")
@@ -33,7 +34,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
 
     if config.kv_memory is None:
         raise ValueError("kv_memory: plan needs a budget, e.g. --kv-memory 4GiB")
-    source = resolve_model(config.model)
+    source = resolve_model(config.model, config.revision)
     cfg = source.model_config()
     tp = config.tensor_parallel_size
     layout = local_config(cfg, tp).cache_layout()
@@ -43,7 +44,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
                              max_running_requests=config.max_running_requests,
                              swa_ratio=swa_ratio)
     return {
-        "model": str(source.path), "architecture": cfg.architecture,
+        "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 
-from swaserve.cli.args import add_engine_args, engine_config
+from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
 from swaserve.server.chat_output import REASONING_PARSERS, TOOL_PARSERS
 from swaserve.server.chat_template import ChatTemplate
@@ -62,6 +62,7 @@ class GracefulServer(uvicorn.Server):
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_model_arg(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SWASERVE_API_KEY"),

@@ -150,7 +150,7 @@ def worker_main(rank: int, size: int, config: EngineConfig, address: str, port: 
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(threads_per_rank(config))
-    cfg = resolve_model(config.model).model_config()
+    cfg = resolve_model(config.model, config.revision).model_config()
     group = TPGroup.join(rank, size, address, port, cfg.vocab_size, backend(config))
     dtype, device = TORCH_DTYPES[config.dtype], rank_device(config, rank)
     model = load_model(config, dtype, device, group).model

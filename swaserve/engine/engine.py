@@ -103,7 +103,7 @@ class Engine:
         model. `whole_model_config` is the whole model's; `model.cfg` this rank's shard."""
         self.tp = None  # tensor parallelism: this process is rank 0 and holds one shard
         if config.tensor_parallel_size > 1:
-            whole = resolve_model(config.model).model_config()
+            whole = resolve_model(config.model, config.revision).model_config()
             local_config(whole, config.tensor_parallel_size)  # fails before any rank starts
             self.tp = TensorParallel(config, whole.vocab_size)
         loaded = load_model(config, self.dtype, self.device,

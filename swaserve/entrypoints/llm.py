@@ -65,9 +65,11 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 class LLM:
-    """Offline engine. `LLM()` loads the bundled Gemma 3 270M; `LLM(model="x.gguf")` or an HF
-    directory. Keyword arguments are EngineConfig fields (dtype, max_running_requests,
-    max_model_len, chunk_size, page_size, kv_memory, ...)."""
+    """Offline engine. `LLM()` loads the bundled Gemma 3 270M; `LLM(model=...)` a .gguf file,
+    an HF directory, a Hugging Face repo id (`"Qwen/Qwen3-0.6B"`, with `revision=`) or a GGUF
+    repo and quantization (`"org/name-GGUF:Q4_K_M"`). Keyword arguments are EngineConfig
+    fields (dtype, max_running_requests, max_model_len, chunk_size, page_size, kv_memory,
+    ...)."""
 
     def __init__(self, model: str | None = None, **kwargs):
         self.engine = Engine(EngineConfig(model=model, **kwargs))

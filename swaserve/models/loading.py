@@ -33,7 +33,7 @@ def load_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
     config (the whole model's: the shard's shapes are `model.cfg`), tokenizer and context
     length. The kernels the model calls build into the swaserve cache's kernels/."""
     build.use_cache_dir(cache_root() / "kernels")
-    source = resolve_model(config.model)
+    source = resolve_model(config.model, config.revision)
     cfg = source.model_config()
     model_class(cfg.architecture)  # unsupported architectures fail before any loading
     max_model_len = config.max_model_len or cfg.max_position_embeddings

@@ -64,6 +64,10 @@ class Server:
 
 
 def default_model_name(engine) -> str:
+    """The hub id as the user wrote it (`org/name`, `org/name-GGUF:Q8_0`); for a local
+    path, its file name without .gguf or its directory's name."""
+    if engine.source.hub_id is not None:
+        return engine.source.hub_id
     name = engine.source.path.name
     return name.removesuffix(".gguf") if engine.source.fmt == "gguf" else name
 

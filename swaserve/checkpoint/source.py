@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swaserve.checkpoint.config import ModelConfig, gguf_metadata_to_hf
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 from swaserve.config import cache_root
 

@@ -64,6 +64,9 @@ def gguf_metadata_to_hf(meta: dict[str, Any]) -> dict[str, Any]:
     scaling = _rope_scaling(g)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's keys
+        if g(cap) is not None:
+            cfg[cap] = float(g(cap))
     if arch == "gemma3":
         return _gemma3(cfg, g)
     if arch == "gpt-oss":

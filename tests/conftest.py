@@ -1,9 +1,9 @@
 """What the tests of every layer share: the device the tests run on (TEST_DEVICE, the
 cpu_only marker), drive() for an engine's steps, tiny engines and their logged runs, the tiny
 checkpoints as fixtures, and the app in process with its clients. The rest lives in
-tests/helpers/ by kind (checkpoints, transformers' references, int8 data, server processes)
-and is re-imported here, so that `from tests.conftest import X` finds it. A helper one
-module uses stays in it."""
+tests/helpers/ by kind (checkpoints, transformers' references, int8 data, GGUF files, server
+processes) and is re-imported here, so that `from tests.conftest import X` finds it. A
+helper one module uses stays in it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ from tests.helpers.checkpoints import (  # noqa: F401  (re-exported)
     write_mistral,
     write_qwen3,
     write_tiny_gemma3,
+)
+from tests.helpers.gguf_writer import (  # noqa: F401  (re-exported)
+    byte_bpe_vocab,
+    sentencepiece_vocab,
+    write_gguf,
 )
 from tests.helpers.quant import (  # noqa: F401  (re-exported)
     int8_copy,

@@ -1,5 +1,6 @@
 """ModelConfig: the architecture facts a model family needs, read from an HF config.json dict
-or from GGUF metadata (converted to the same dict first, so both paths share one parser)."""
+or from GGUF metadata (converted to the same dict first by checkpoint/gguf_config.py, so both
+paths share one parser)."""
 
 from __future__ import annotations
 
@@ -147,42 +148,3 @@ def _rope(cfg: dict[str, Any]) -> _Rope:
     if "rope_local_base_freq" in cfg:  # older Gemma 3 configs: unscaled local RoPE
         return _Rope(theta, float(cfg["rope_local_base_freq"]), scaling, None)
     return _Rope(theta, theta, scaling, scaling)
-
-
-def gguf_metadata_to_hf(meta: dict[str, Any]) -> dict[str, Any]:
-    """Translate GGUF key/values into an HF-style config dict (gemma3 today)."""
-    arch = meta.get("general.architecture")
-    if arch != "gemma3":
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: gemma3)")
-
-    def g(key: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{key}", default)
-
-    n = int(g("block_count"))
-    vocab = meta.get("tokenizer.ggml.tokens#len")
-    head_count = int(g("attention.head_count"))
-    # Gemma 3 interleaves five sliding layers with one full layer; the GGUF keeps only W.
-    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
-    return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "hidden_size": int(g("embedding_length")),
-        "num_hidden_layers": n,
-        "num_attention_heads": head_count,
-        "num_key_value_heads": int(g("attention.head_count_kv", head_count)),
-        "head_dim": int(g("attention.key_length")),
-        "intermediate_size": int(g("feed_forward_length")),
-        "vocab_size": int(vocab) if vocab is not None else int(g("vocab_size")),
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(g("rope.freq_base", 1_000_000.0)),
-        "rope_local_base_freq": 10_000.0,
-        "sliding_window": int(g("attention.sliding_window")),
-        "layer_types": types,
-        "max_position_embeddings": int(g("context_length", 32768)),
-        "query_pre_attn_scalar": int(g("attention.key_length")),
-        "hidden_activation": "gelu_pytorch_tanh",
-        "tie_word_embeddings": True,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-    }

@@ -1,4 +1,5 @@
-"""A fast reader of GGUF key/value metadata (the header only; tensors are left alone).
+"""A fast reader of GGUF key/value metadata (the header, and the few tensor facts a config
+needs), and the names of GGML's tensor types.
 
 gguf.GGUFReader builds Python objects for every vocabulary string (seconds for a 262k
 vocabulary); planning and config need only the scalars, so arrays longer than
@@ -7,8 +8,26 @@ vocabulary); planning and config need only the scalars, so arrays longer than
 from __future__ import annotations
 
 import struct
+from array import array
 from pathlib import Path
 from typing import Any
+
+# GGML tensor type ids (ggml.h) -> names
+GGML_TYPE_NAMES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
+    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16",
+    34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4", 40: "NVFP4", 41: "Q1_0"}
+# the types swaserve reads (checkpoint/weights.py dequantizes them with the gguf package)
+GGML_READABLE = frozenset(i for i, name in GGML_TYPE_NAMES.items() if name in {
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+    "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"})
+_GGML_F32 = 0
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    return GGML_TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
@@ -20,7 +39,19 @@ class GGUFFormatError(ValueError):
 
 
 def read_gguf_metadata(path: str | Path, max_array: int = 1024) -> dict[str, Any]:
-    return _read_header(path, max_array)[0]
+    """The key/values, and from the tensor table what a config needs: "GGUF.tensor_types"
+    ({tensor name: GGML type id}) and, where the file has Llama 3's RoPE frequency factors
+    (the `rope_freqs.weight` tensor, F32), their values as "GGUF.rope_freqs"."""
+    meta, infos, end = _read_header(path, max_array, tensors=True)
+    meta["GGUF.tensor_types"] = {name: info[1] for name, info in infos.items()}
+    rope = infos.get("rope_freqs.weight")
+    if rope is not None and rope[1] == _GGML_F32 and len(rope[0]) == 1:
+        align = int(meta.get("general.alignment", 32))
+        with open(path, "rb") as fh:
+            fh.seek((end + align - 1) // align * align + rope[2])
+            values = array("f", fh.read(4 * rope[0][0]))
+        meta["GGUF.rope_freqs"] = values.tolist()
+    return meta
 
 
 def read_gguf_tensor_infos(path: str | Path) -> tuple[dict[str, tuple[tuple[int, ...], int, int]],

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from swaserve.checkpoint.config import ModelConfig, gguf_metadata_to_hf
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 from swaserve.checkpoint.hub import HubError, download, parse_hub_id
 from swaserve.config import cache_root

@@ -96,10 +96,17 @@ def load_tokenizer(source: ModelSource) -> Tokenizer | None:
     if not tj.exists():
         log.info("converting the GGUF tokenizer (once; cached in %s)", cache)
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-            hf_tok = AutoTokenizer.from_pretrained(str(source.path.parent),
-                                                   gguf_file=source.path.name)
+            try:
+                hf_tok = AutoTokenizer.from_pretrained(str(source.path.parent),
+                                                       gguf_file=source.path.name)
+            except Exception:  # noqa: BLE001
+                # AutoTokenizer reads the model's config first, which transformers cannot
+                # do for every GGUF (gpt-oss's rope scaling); the tokenizer itself needs
+                # only the tokenizer.ggml.* metadata
+                hf_tok = PreTrainedTokenizerFast.from_pretrained(str(source.path.parent),
+                                                                 gguf_file=source.path.name)
         except Exception as e:  # noqa: BLE001 - conversion failures are many-shaped
             raise ModelLoadError(f"{source.path}: cannot build a tokenizer from the GGUF "
                                  f"metadata ({type(e).__name__}: {e})") from e

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,24 +17,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from swaserve.checkpoint.gguf_config import check_tensor_types
+from swaserve.checkpoint.gguf_meta import ggml_type_name
+from swaserve.checkpoint.gguf_tensors import permuted_heads, to_hf, unpermute_rows
 from swaserve.checkpoint.source import ModelLoadError, ModelSource
 
 log = logging.getLogger("swaserve")
 
 
 # -- weights ---------------------------------------------------------------------------------
-
-_GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_GGUF_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                      "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-
 
 def _gguf_reader(path: Path):
     import gguf
@@ -46,38 +36,38 @@ def _gguf_reader(path: Path):
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def gguf_name_to_hf(name: str) -> str | None:
-    if name in _GGUF_GLOBAL_NAMES:
-        return _GGUF_GLOBAL_NAMES[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m and m.group(2) in _GGUF_LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
-
-
 def _progress(iterable, total: int, desc: str):
     return tqdm(iterable, total=total, desc=desc, unit="tensor", file=sys.stderr,
                 disable=os.environ.get("SWASERVE_NO_PROGRESS") == "1", leave=False)
 
 
-def _iter_gguf(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _dequantized(source: ModelSource) -> Iterator[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array in the GGUF's row-major shape) for every tensor."""
     import gguf
 
     reader = _gguf_reader(source.path)
+    try:
+        check_tensor_types({t.name: int(t.tensor_type) for t in reader.tensors})
+    except ValueError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from e
     for t in _progress(reader.tensors, len(reader.tensors), "Dequantizing GGUF"):
-        name = gguf_name_to_hf(t.name)
-        if name is None:
-            log.warning("ignoring unknown GGUF tensor %s", t.name)
-            continue
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:  # noqa: BLE001 - corrupt or unsupported block data
-            raise ModelLoadError(f"{source.path}: cannot dequantize {t.name}: {e}") from e
+            raise ModelLoadError(f"{source.path}: cannot dequantize {t.name} "
+                                 f"({ggml_type_name(int(t.tensor_type))}): {e}") from e
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        # llama.cpp stores Gemma's norm multiplier as 1 + w; the HF convention keeps w
-        if name.endswith("norm.weight"):
-            arr = arr - 1.0
-        yield name, torch.from_numpy(arr).to(dtype)
+        yield t.name, arr if arr.flags.writeable else arr.copy()  # F32 data is the file's
+
+
+def _iter_gguf(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in `dtype`) for the GGUF's tensors, in HF's layout (gguf_tensors)."""
+    arch = source.gguf_meta["general.architecture"]
+    try:
+        for name, arr in to_hf(arch, source.hf_config, _dequantized(source)):
+            yield name, torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)
+    except ValueError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from e
 
 
 # a part of a tensor to read instead of all of it: (name, shape) -> the index, or None
@@ -181,13 +171,15 @@ _BLOCKS = {GGML_Q8_0: (32, 34), GGML_Q5_0: (32, 22), GGML_Q4_K: (256, 144),
 
 class _Q8Reader:
     """GGUF tensors stored as Q8_0, Q5_0, Q4_K or Q6_K, read as int8 + scales (+ offsets)
-    straight from the memory-mapped file (no float dequantization)."""
+    straight from the memory-mapped file (no float dequantization); Llama's q/k rows are
+    put back in HF's order (a block never spans rows, so rows move whole)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, source: ModelSource):
         from swaserve.checkpoint.gguf_meta import read_gguf_tensor_infos
 
-        self.path = path
-        self.infos, self.data_start = read_gguf_tensor_infos(path)
+        self.path, self.source = source.path, source
+        self.arch = source.gguf_meta["general.architecture"]
+        self.infos, self.data_start = read_gguf_tensor_infos(self.path)
 
     def get(self, name: str):
         from swaserve.kernels.q8_weight import Q8Weight
@@ -201,6 +193,9 @@ class _Q8Reader:
         values, size = _BLOCKS[ggml_type]
         raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + offset,
                         shape=(n * (k // values) * size,))
+        heads = permuted_heads(self.arch, name, self.source.hf_config)
+        if heads is not None:
+            raw = raw.reshape(n, -1)[unpermute_rows(n, heads)].reshape(-1)
         read = {GGML_Q8_0: Q8Weight.from_q8_0_blocks, GGML_Q5_0: Q8Weight.from_q5_0_blocks,
                 GGML_Q4_K: Q8Weight.from_q4_k_blocks, GGML_Q6_K: Q8Weight.from_q6_k_blocks}
         return read[ggml_type](raw, n, k)
@@ -219,7 +214,7 @@ def load_q8_weights(source: ModelSource, num_layers: int):
     sources."""
     if source.fmt != "gguf":
         return {}
-    r = _Q8Reader(source.path)
+    r = _Q8Reader(source)
     out = {"lm_head": r.get("output.weight" if "output.weight" in r.infos else "token_embd.weight")}
     for i in range(num_layers):
         out[f"{i}.qkv"] = r.stacked([f"blk.{i}.attn_{x}.weight" for x in ("q", "k", "v")])

@@ -52,13 +52,16 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None
                   ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim / 2] and the cos/sin scale for a RoPE variant: default,
-    linear, llama3 (smoothed per-band scaling) or yarn (NTK-by-parts with a ramp)."""
+    linear, llama3 (smoothed per-band scaling), yarn (NTK-by-parts with a ramp) or
+    freq_factors (each frequency divided by its factor: a Llama 3 GGUF's rope_freqs)."""
     dim = head_dim
     # explicit CPU tensors: models are built under the meta device
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "default":
         return inv, 1.0
+    if kind == "freq_factors":
+        return inv / torch.tensor(scaling["factors"], dtype=torch.float32, device="cpu"), 1.0
     factor = float(scaling.get("factor", 1.0))
     if kind == "linear":
         return inv / factor, 1.0
@@ -90,7 +93,8 @@ def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None
         ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - lo) / (hi - lo)).clamp(0, 1)
         extrapolate = 1 - ramp
         return (inv / factor) * (1 - extrapolate) + inv * extrapolate, float(attn)
-    raise ValueError(f"rope scaling {kind!r} is not supported (default, linear, llama3, yarn)")
+    raise ValueError(f"rope scaling {kind!r} is not supported (default, linear, llama3, yarn, "
+                     "freq_factors)")
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,

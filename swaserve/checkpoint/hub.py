@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from swaserve.checkpoint.gguf_split import SPLIT_PART
+
 DEFAULT_GGUF_TAG = "Q4_K_M"
 
 # Beside the weights, what a checkpoint directory is read for: its config and tokenizer.
@@ -19,7 +21,6 @@ HF_SIDE_FOLDERS = ("additional_chat_templates/",)
 # transformers' own names for a safetensors checkpoint, which repos that also carry
 # another layout (Mistral's consolidated.safetensors) are told apart by
 TRANSFORMERS_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
-SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})$")
 QUANT_WORD = re.compile(r"(?i)I?Q\d\w*|B?F\d+|MXFP4\w*|TQ\d\w*")
 # org/name with an optional :TAG, in the characters the hub allows
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<tag>[\w.-]+))?")

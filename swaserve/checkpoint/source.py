@@ -14,6 +14,12 @@ from typing import Any
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
+from swaserve.checkpoint.gguf_split import (
+    SPLIT_PART,
+    GGUFSplitError,
+    read_split_metadata,
+    split_parts,
+)
 from swaserve.checkpoint.hub import HubError, download, parse_hub_id
 from swaserve.config import cache_root
 
@@ -36,20 +42,29 @@ def default_model_path() -> str:
 
 @dataclass(frozen=True)
 class ModelSource:
-    path: Path  # the GGUF file, or the HF directory
+    path: Path  # the GGUF file (a split GGUF's first part), or the HF directory
     fmt: str  # "gguf" | "hf"
     hf_config: dict[str, Any]
-    gguf_meta: dict[str, Any] | None = None
+    gguf_meta: dict[str, Any] | None = None  # of all parts of a split GGUF (gguf_split.py)
     hub_id: str | None = None  # the hub id as the user wrote it; None for a local path
+    parts: tuple[Path, ...] = ()  # a split GGUF's files in part order
 
     @property
     def directory(self) -> Path:
         return self.path.parent if self.fmt == "gguf" else self.path
 
+    @property
+    def gguf_files(self) -> tuple[Path, ...]:
+        """The files the GGUF's tensors are in: a split GGUF's parts, else the one file."""
+        return self.parts or (self.path,)
+
     def cache_dir(self) -> Path:
-        st = self.path.stat()
-        key = f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}"
-        return cache_root() / hashlib.sha256(key.encode()).hexdigest()[:16]
+        """Where what is derived from the model (dequantized weights, the converted
+        tokenizer) is cached, keyed by the identity (path, size, mtime) of every file."""
+        files = self.gguf_files if self.fmt == "gguf" else (self.path,)
+        key = "".join(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|"
+                      for p, st in ((p, p.stat()) for p in files))
+        return cache_root() / hashlib.sha256(f"{key}{CACHE_VERSION}".encode()).hexdigest()[:16]
 
     def model_config(self) -> ModelConfig:
         try:
@@ -61,7 +76,8 @@ class ModelSource:
 def resolve_model(model: str | os.PathLike | None, revision: str | None = None
                   ) -> ModelSource:
     """Locate a model and read its config without touching the weights. `model` is a .gguf
-    file, a directory with config.json and *.safetensors, a Hugging Face repo id
+    file (any part of a GGUF split by gguf-split), a directory with config.json and
+    *.safetensors (or with one GGUF, split or not), a Hugging Face repo id
     (`org/name`, at `revision`) or a GGUF repo with a quantization tag (`org/name:Q4_K_M`);
     None is the bundled default model. A local path that exists wins over a hub id."""
     if model is None:
@@ -87,28 +103,14 @@ def _resolve_path(path: Path) -> ModelSource:
                              "with config.json and *.safetensors, or a Hugging Face repo id "
                              "org/name[:QUANT])")
     if path.is_file():
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != b"GGUF":
-            raise ModelLoadError(f"{path}: not a GGUF file (bad magic {magic!r})")
-        try:
-            meta = read_gguf_metadata(path)
-        except (GGUFFormatError, OSError) as e:
-            raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
-        _check_single_file(path, meta)
-        try:
-            cfg = gguf_metadata_to_hf(meta)
-        except (KeyError, TypeError) as e:
-            raise ModelLoadError(f"{path}: GGUF metadata is incomplete: {e}") from e
-        except ValueError as e:
-            raise ModelLoadError(f"{path}: {e}") from e
-        return ModelSource(path, "gguf", cfg, meta)
+        return _resolve_gguf(path)
     cfg_path = path / "config.json"
     if not cfg_path.exists():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return _resolve_path(ggufs[0])
-        raise ModelLoadError(f"{path}: no config.json (and not exactly one .gguf file)")
+        models = _gguf_models(path)
+        if len(models) == 1:
+            return _resolve_path(models[0])
+        raise ModelLoadError(f"{path}: no config.json (and not exactly one GGUF model, "
+                             "single file or split into parts)")
     try:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -116,12 +118,35 @@ def _resolve_path(path: Path) -> ModelSource:
     return ModelSource(path, "hf", cfg)
 
 
-def _check_single_file(path: Path, meta: dict[str, Any]) -> None:
-    """A split GGUF (llama.cpp's gguf-split parts) is refused by name: the weight reader
-    reads the tensors of one file, and the first part holds only some of them."""
-    parts = int(meta.get("split.count", 1) or 1)
-    if parts > 1:
-        raise ModelLoadError(
-            f"{path}: part {int(meta.get('split.no', 0)) + 1} of a GGUF split into {parts} "
-            "files; swaserve reads single-file GGUFs only: merge "
-            f"them with `llama-gguf-split --merge {path} merged.gguf` and pass merged.gguf")
+def _resolve_gguf(path: Path) -> ModelSource:
+    """A GGUF file's source; any part of a split GGUF gives the whole model's."""
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (bad magic {magic!r})")
+    try:
+        meta = read_gguf_metadata(path)
+    except (GGUFFormatError, OSError) as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+    try:
+        parts = split_parts(path, meta)
+        if len(parts) > 1:
+            meta = read_split_metadata(parts)
+    except GGUFSplitError as e:
+        raise ModelLoadError(str(e)) from None
+    try:
+        cfg = gguf_metadata_to_hf(meta)
+    except (KeyError, TypeError) as e:
+        raise ModelLoadError(f"{parts[0]}: GGUF metadata is incomplete: {e}") from e
+    except ValueError as e:
+        raise ModelLoadError(f"{parts[0]}: {e}") from e
+    return ModelSource(parts[0], "gguf", cfg, meta, parts=parts if len(parts) > 1 else ())
+
+
+def _gguf_models(directory: Path) -> list[Path]:
+    """A file of each GGUF model in the directory: a split model's parts count once (its
+    first file by name)."""
+    models: dict[str, Path] = {}
+    for f in sorted(directory.glob("*.gguf")):
+        models.setdefault(SPLIT_PART.sub("", f.name.removesuffix(".gguf")), f)
+    return list(models.values())

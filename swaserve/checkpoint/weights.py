@@ -1,4 +1,5 @@
-"""Reading weights: GGUF files (dequantized with the gguf package) and safetensors.
+"""Reading weights: GGUF files (dequantized with the gguf package; a split GGUF's parts
+together) and safetensors.
 
 Weights come out as (HF parameter name, tensor) pairs, so every model family has one
 `load_weights` whatever the file format. Dequantized GGUF weights are cached as safetensors
@@ -42,19 +43,20 @@ def _progress(iterable, total: int, desc: str):
 
 
 def _dequantized(source: ModelSource) -> Iterator[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 array in the GGUF's row-major shape) for every tensor."""
+    """(GGUF name, float32 array in the GGUF's row-major shape) for every tensor, of every
+    part of a split GGUF."""
     import gguf
 
-    reader = _gguf_reader(source.path)
+    tensors = [(path, t) for path in source.gguf_files for t in _gguf_reader(path).tensors]
     try:
-        check_tensor_types({t.name: int(t.tensor_type) for t in reader.tensors})
+        check_tensor_types({t.name: int(t.tensor_type) for _, t in tensors})
     except ValueError as e:
         raise ModelLoadError(f"{source.path}: {e}") from e
-    for t in _progress(reader.tensors, len(reader.tensors), "Dequantizing GGUF"):
+    for path, t in _progress(tensors, len(tensors), "Dequantizing GGUF"):
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:  # noqa: BLE001 - corrupt or unsupported block data
-            raise ModelLoadError(f"{source.path}: cannot dequantize {t.name} "
+            raise ModelLoadError(f"{path}: cannot dequantize {t.name} "
                                  f"({ggml_type_name(int(t.tensor_type))}): {e}") from e
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         yield t.name, arr if arr.flags.writeable else arr.copy()  # F32 data is the file's
@@ -171,27 +173,33 @@ _BLOCKS = {GGML_Q8_0: (32, 34), GGML_Q5_0: (32, 22), GGML_Q4_K: (256, 144),
 
 class _Q8Reader:
     """GGUF tensors stored as Q8_0, Q5_0, Q4_K or Q6_K, read as int8 + scales (+ offsets)
-    straight from the memory-mapped file (no float dequantization); Llama's q/k rows are
-    put back in HF's order (a block never spans rows, so rows move whole)."""
+    straight from the memory-mapped file (no float dequantization; a split GGUF's part
+    that holds the tensor); Llama's q/k rows are put back in HF's order (a block never
+    spans rows, so rows move whole)."""
 
     def __init__(self, source: ModelSource):
         from swaserve.checkpoint.gguf_meta import read_gguf_tensor_infos
 
-        self.path, self.source = source.path, source
+        self.source = source
         self.arch = source.gguf_meta["general.architecture"]
-        self.infos, self.data_start = read_gguf_tensor_infos(self.path)
+        # name -> (dims, GGML type, the file, the offset of its data in the file)
+        self.infos: dict[str, tuple[tuple[int, ...], int, Path, int]] = {}
+        for path in source.gguf_files:
+            infos, data_start = read_gguf_tensor_infos(path)
+            for name, (dims, ggml_type, offset) in infos.items():
+                self.infos[name] = (dims, ggml_type, path, data_start + offset)
 
     def get(self, name: str):
         from swaserve.kernels.q8_weight import Q8Weight
 
         if name not in self.infos:
             return None
-        dims, ggml_type, offset = self.infos[name]
+        dims, ggml_type, path, offset = self.infos[name]
         if ggml_type not in _BLOCKS or len(dims) != 2 or dims[0] % _BLOCKS[ggml_type][0]:
             return None
         k, n = dims
         values, size = _BLOCKS[ggml_type]
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start + offset,
+        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset,
                         shape=(n * (k // values) * size,))
         heads = permuted_heads(self.arch, name, self.source.hf_config)
         if heads is not None:

@@ -92,15 +92,18 @@ def test_tag_without_a_file_lists_the_tags(offline_cache):
         resolve_model("org/tiny-GGUF:Q5_K_M")
 
 
-def test_split_gguf_is_downloaded_whole_and_refused_by_name(fake_hub, tmp_path, monkeypatch):
+def test_split_gguf_is_downloaded_whole_and_loads_from_its_parts(fake_hub, tmp_path,
+                                                                  monkeypatch):
     point_hub(monkeypatch, fake_hub[1], tmp_path / "hub")
-    with pytest.raises(ModelLoadError, match="part 1 of a GGUF split into 2 files; swaserve "
-                                             "reads single-file GGUFs only: merge them"):
-        resolve_model("org/split-GGUF:Q8_0")
+    source = resolve_model("org/split-GGUF:Q8_0")
     snapshot = tmp_path / "hub" / "models--org--split-GGUF" / "snapshots" / commit_of(
         "org/split-GGUF")
     assert snapshot_files(snapshot) == {"split-Q8_0-00001-of-00002.gguf",
                                         "split-Q8_0-00002-of-00002.gguf"}
+    assert source.fmt == "gguf" and source.path.name == "split-Q8_0-00001-of-00002.gguf"
+    assert [p.name for p in source.parts] == sorted(snapshot_files(snapshot))
+    assert source.gguf_meta["general.name"] == "split-Q8_0-1"  # part 1's metadata
+    assert source.model_config().num_layers == 6
 
 
 @pytest.mark.parametrize("model, message", [

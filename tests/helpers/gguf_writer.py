@@ -327,3 +327,30 @@ def write_gguf(path, model, arch: str, vocab: Vocab | None = None,
         for name, p in model.state_dict().items():
             if name in restored:
                 p.copy_(torch.from_numpy(np.ascontiguousarray(restored[name])))
+
+
+def split_gguf(path, out, max_tensors: int, *, empty_first: bool = False) -> list:
+    """The GGUF at `path` written again as llama.cpp's gguf-split writes it, as
+    `out`'s stem + `-0000k-of-0000n.gguf` beside `out`: at most `max_tensors` tensors a
+    part, in the file's order (none in part 1 with `empty_first`, as
+    `--no-tensor-first-split`); part 1 holds every key/value, each part the `split.*` keys
+    (gguf's GGUFWriter splits). The parts' paths, in order."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    w = gguf.GGUFWriter(str(out), arch, split_max_tensors=max_tensors,
+                        small_first_shard=empty_first)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue  # the writer's own
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(out.parent.glob(f"{out.stem}-*-of-*.gguf"))

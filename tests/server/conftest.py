@@ -1,8 +1,11 @@
 """What the server tests share: request bodies the server must refuse with a 400 naming
 their field, and odd ones it must serve (test_server_inprocess.py sends them alone,
-test_server_resilience.py beside a live stream)."""
+test_server_resilience.py beside a live stream), and the tiny chat models
+(chat_models.py) as fixtures."""
 
 from __future__ import annotations
+
+from tests.server.chat_models import gpt_oss_chat, qwen3_chat  # noqa: F401  (fixtures)
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),

@@ -105,19 +105,26 @@ def test_every_event_and_response_validates_as_the_client_models(qwen3_chat):
 
     async def go(client, http):
         return [await http.post("/v1/responses", json={**body, **kw})
-                for kw in ({}, {"stream": True}, {"max_output_tokens": 6})]
+                for kw in ({}, {"stream": True}, {"max_output_tokens": 6},
+                           {"stream": True, "max_output_tokens": 6})]
 
-    whole, stream, cut = run_client(qwen3_chat[0], go)
+    def events_of(r):
+        blocks = [b.split("\n", 1) for b in r.text.split("\n\n") if b]
+        events = [TypeAdapter(ResponseStreamEvent).validate_json(data.removeprefix("data: "))
+                  for _, data in blocks]
+        assert [name.removeprefix("event: ") for name, _ in blocks] == [e.type for e in events]
+        return events
+
+    whole, stream, cut, cut_stream = run_client(qwen3_chat[0], go)
     for r in (whole, cut):
         Response.model_validate(r.json())
     assert cut.json()["status"] == "incomplete"
-    blocks = [b.split("\n", 1) for b in stream.text.split("\n\n") if b]
-    events = [TypeAdapter(ResponseStreamEvent).validate_json(data.removeprefix("data: "))
-              for _, data in blocks]
-    assert [name.removeprefix("event: ") for name, _ in blocks] == [e.type for e in events]
-    assert events[-1].type == "response.completed"
-    assert [i.type for i in events[-1].response.output] == [
-        "reasoning", "message", "function_call"]
+    assert cut.json()["incomplete_details"] == {"reason": "max_output_tokens"}
+    last = events_of(stream)[-1]
+    assert last.type == "response.completed"
+    assert [i.type for i in last.response.output] == ["reasoning", "message", "function_call"]
+    last = events_of(cut_stream)[-1]
+    assert last.type == "response.incomplete" and last.response.output[-1].status == "incomplete"
 
 
 def test_a_failure_mid_stream_is_response_failed():

@@ -27,8 +27,8 @@ from swaserve.server.tools import ToolPlan, new_call, parse_calls
 class ChatOutput:
     """How one chat request's output is constrained and read, decided once its prompt is
     rendered (its end says whether the output starts inside reasoning): a required or named
-    call, or a JSON answer after reasoning, in the family's own format (chat_grammar.py),
-    else the constraint as given; and the output parser of each choice (chat_output.py)."""
+    call, or a JSON answer after reasoning (or a call, with tools on offer), in the family's
+    own format (chat_grammar.py), else the constraint as given; and the output parser of each choice (chat_output.py)."""
 
     def __init__(self, state: AppState, body, plan: ToolPlan | None, params: SamplingParams):
         self.tok, self.plan, self.params = state.tokenizer, plan, params
@@ -48,7 +48,7 @@ class ChatOutput:
         self.prompt = prompt
         p, plan = self.params, self.plan
         schema = None
-        if plan is None:
+        if plan is None or plan.mode == "auto":  # a named or required call has its schema
             schema = {"type": "object"} if p.json_object else p.json_schema
         grammar = answer_grammar(self.tok, reasoning=self.reasoning, tools=self.tools,
                                  template=self.template, prompt=prompt, plan=plan,

@@ -5,7 +5,9 @@ A required or named tool call is constrained to the syntax the model was trained
 ...) rather than to bare JSON, so the model sees its own format and the family's tool
 parser reads the call back. A JSON schema (`response_format`, or a call's arguments)
 applies to the answer after the model's reasoning: the reasoning block the family writes
-first stays free text.
+first stays free text. With tools on offer (`tool_choice` auto) beside a schema, the output
+is that answer or a call in the family's syntax, so an agent that wants typed output can
+still call its tools.
 
 A marker that is one token of the tokenizer is written as that token (`<[id]>`: llguidance
 holds every added token apart from the text), so the model is held to the token it was
@@ -116,7 +118,8 @@ def answer_grammar(tokenizer, *, reasoning: str | None, tools: str | None,
     """The Lark grammar of a constrained answer in the family's format, or None when the
     request's own constraint (if any) applies to the whole output unchanged: a required
     or named call (`plan`) in the tool format's syntax, or `schema` (a JSON schema of the
-    answer) after the reasoning block."""
+    answer) after the reasoning block; with tools on offer (`plan` auto) beside a schema,
+    either that answer or a call in the tool format's syntax."""
     lk = _Lark(tokenizer, json_bounds)
     lead = _reasoning(reasoning, lk, prompt)
     if plan is not None and plan.mode in ("named", "required") and tools in CALL_GRAMMARS:
@@ -125,9 +128,19 @@ def answer_grammar(tokenizer, *, reasoning: str | None, tools: str | None,
         calls = [_call(tools, lk, name, args, template) for name, args in _calls(plan).items()]
         body = calls[0] if len(calls) == 1 else "(" + " | ".join(calls) + ")"
         return f"start: {lead} {body}" if lead else f"start: {body}"
-    if schema is not None and lead:
-        body = lk.json(schema)
-        if reasoning == "harmony":
-            body = f"{lk.mark('<|channel|>')} {txt('final')} {lk.mark('<|message|>')} {body}"
+    if schema is None:
+        return None
+    body = lk.json(schema)
+    if reasoning == "harmony":
+        body = f"{lk.mark('<|channel|>')} {txt('final')} {lk.mark('<|message|>')} {body}"
+    if (plan is not None and plan.mode == "auto" and tools in CALL_GRAMMARS
+            and (tools != "harmony" or lk.has_tokens(*_HARMONY))):
+        # tools on offer beside a JSON answer: a call in the family's syntax, or the answer
+        calls = [_call(tools, lk, name, args, template) for name, args in _calls(plan).items()]
+        call = "(" + " | ".join(calls) + ")"
+        if tools == "hermes":  # parallel calls, one block a line
+            call = f"{call} ({txt(chr(10))} {call})*"
+        return f"start: {lead} ({body} | {call})"
+    if lead:
         return f"start: {lead} {body}"
     return None

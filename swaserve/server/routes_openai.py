@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import NamedTuple
 
 from fastapi import FastAPI, Request
 
@@ -22,7 +23,7 @@ from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import Prepared, answer, encode, prepare, prepare_all
 from swaserve.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from swaserve.server.state import AppState
-from swaserve.server.tools import plan_tools
+from swaserve.server.tools import ToolPlan, plan_tools
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:
@@ -81,7 +82,20 @@ async def _completions(state: AppState, body: CompletionRequest, request: Reques
     return await answer(state, request, prepared, fmt, body.stream)
 
 
-async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
+class PreparedChat(NamedTuple):
+    """A chat admitted and ready to queue: its prompt, how its output is constrained and
+    read (`output.parser()`), its tool plan and how many top logprobs it asks for."""
+
+    prepared: Prepared
+    output: ChatOutput
+    tools: ToolPlan | None
+    num_logprobs: int | None
+
+
+async def prepare_chat(state: AppState, body: ChatCompletionRequest) -> PreparedChat:
+    """A chat body checked, rendered through the chat template, tokenized and admitted:
+    what every surface built on chat (Responses, Anthropic Messages) shares with
+    /v1/chat/completions. A 400 names the field at fault."""
     state.check_model(body.model)
     if state.template is None:
         raise APIError(400, "messages: this model has no tokenizer, so chat is unavailable",
@@ -105,6 +119,12 @@ async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
 
     prepared = await prepare(state, params, render, "messages", max_tokens,
                              schema_param(body, tools=tools is not None))
-    fmt = _format(state, ChatFormat, body, [prepared], n_lp, tools=tools,
-                  parser=output.parser(), stop=params.stop)
-    return await answer(state, request, [prepared], fmt, body.stream)
+    return PreparedChat(prepared, output, tools, n_lp)
+
+
+async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):
+    chat = await prepare_chat(state, body)
+    fmt = _format(state, ChatFormat, body, [chat.prepared], chat.num_logprobs,
+                  tools=chat.tools, parser=chat.output.parser(),
+                  stop=chat.prepared.params.stop)
+    return await answer(state, request, [chat.prepared], fmt, body.stream)

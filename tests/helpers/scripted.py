@@ -18,3 +18,18 @@ def script_outputs(engine, tokens: Sequence[int], end: int) -> None:
         accept(output, req, tokens[k] if k < len(tokens) else end, logprobs, now)
 
     output.accept = scripted
+
+
+def script_turns(engine, outputs: Sequence[Sequence[int]], end: int) -> None:
+    """Like script_outputs, but the k-th request from now on writes `outputs[k]` (the
+    last one for every request after them): a conversation of several turns, scripted."""
+    output = engine.output
+    accept = type(output).accept
+    turn_of: dict[str, int] = {}
+
+    def scripted(req, tok, logprobs, now=None):
+        turn = turn_of.setdefault(req.request_id, min(len(turn_of), len(outputs) - 1))
+        tokens, k = outputs[turn], len(req.output_token_ids)
+        accept(output, req, tokens[k] if k < len(tokens) else end, logprobs, now)
+
+    output.accept = scripted

@@ -1,8 +1,11 @@
 """What the server tests share: request bodies the server must refuse with a 400 naming
 their field, and odd ones it must serve (test_server_inprocess.py sends them alone,
-test_server_resilience.py beside a live stream)."""
+test_server_resilience.py beside a live stream), and the tiny chat models
+(chat_models.py) as fixtures."""
 
 from __future__ import annotations
+
+from tests.server.chat_models import gpt_oss_chat, qwen3_chat  # noqa: F401  (fixtures)
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
@@ -52,6 +55,31 @@ BAD = [  # (route, body, param named in the error)
                           "chat_template": "{{ messages }}"}, "chat_template"),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                           "documents": ["x"]}, "documents.0"),
+    ("responses", {"input": 5}, "input"),
+    ("responses", {"input": []}, "input"),
+    ("responses", {"input": [{"role": "wizard", "content": "x"}]}, "input.0.role"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image",
+                                                           "image_url": "x"}]}]},
+     "input.0.content.0.type"),
+    ("responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input.0.call_id"),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+     "input.0.call_id"),
+    ("responses", {"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
+    ("responses", {"input": "hi", "tools": [{"type": "file_search"}]}, "tools.0.type"),
+    ("responses", {"input": "hi", "tools": [{"type": "function", "name": "a b"}]},
+     "tools.0.name"),
+    ("responses", {"input": "hi", "tool_choice": {"type": "web_search"}}, "tool_choice"),
+    ("responses", {"input": "hi", "tool_choice": "required"}, "tool_choice"),
+    ("responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+     "text.format.schema"),
+    ("responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ("responses", {"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ("responses", {"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ("responses", {"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
+    ("responses", {"input": "hi", "temperature": "hot"}, "temperature"),
+    ("responses", {"input": "hi", "store": True}, "store"),
+    ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
 ]
 ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
     ("completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0}),

@@ -1,71 +1,14 @@
 """Chat in each family's own format, end to end with the official `openai` client: tiny
-random gpt-oss and Qwen3 models with their real tokenizers and chat templates, whose
-outputs are scripted (tests/helpers/scripted.py), answer with `reasoning_content`,
+random gpt-oss and Qwen3 models with their real tokenizers and chat templates
+(chat_models.py), whose outputs are scripted (tests/helpers/scripted.py), answer with `reasoning_content`,
 `content` and `tool_calls` as vLLM shapes them, streamed and whole alike."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import inprocess_served, run_client
-from tests.helpers.checkpoints import FAMILY_COMMON, _randomize_norms, _save, write_gpt_oss
-from tests.helpers.scripted import script_outputs
-from tests.helpers.tokenizers import write_tokenizer
-
-TEMPLATES = Path(__file__).parent / "chat_templates"
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},
-           "required": ["city"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "time",
-                                           "parameters": {"type": "object", "properties": {}}}}]
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-def _chat_dir(path: Path, family: str, template: str) -> None:
-    write_tokenizer(family, path)
-    shutil.copyfile(TEMPLATES / template, path / "chat_template.jinja")
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_chat(tmp_path_factory):
-    """A tiny gpt-oss with o200k_harmony and gpt-oss's template; <|return|> and <|call|>
-    end a turn (generation_config.json, as the real checkpoint has it)."""
-    path = tmp_path_factory.mktemp("gpt_oss_chat")
-    write_gpt_oss(path, vocab_size=201088, eos_token_id=200002, bos_token_id=199998,
-                  max_position_embeddings=2048,
-                  pad_token_id=199999)
-    _chat_dir(path, "gpt-oss", "openai-gpt-oss-120b.jinja")
-    (path / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [200002, 199999, 200012], "bos_token_id": 199998}))
-    yield from inprocess_served(str(path), max_model_len=2048)
-
-
-@pytest.fixture(scope="module")
-def qwen3_chat(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    path = tmp_path_factory.mktemp("qwen3_chat")
-    cfg = Qwen3Config(**{**FAMILY_COMMON, "vocab_size": 151669, "eos_token_id": 151645,
-                         "bos_token_id": 151643, "pad_token_id": 151643,
-                         "max_position_embeddings": 2048},
-                      num_hidden_layers=2, tie_word_embeddings=True)
-    _save(_randomize_norms(Qwen3ForCausalLM(cfg)), path)
-    _chat_dir(path, "qwen3", "Qwen-Qwen3-0.6B.jinja")
-    yield from inprocess_served(str(path), max_model_len=2048)
-
-
-def _script(served, text: str) -> None:
-    """Every request of the served engine writes `text` (special tokens as tokens), then
-    its first end-of-turn token."""
-    app, aeng = served
-    eng = aeng.engine
-    ids = eng.tokenizer.encode(text, add_special_tokens=False)
-    script_outputs(eng, ids, end=eng.tokenizer.eos_token_ids[0])
+from tests.conftest import run_client
+from tests.server.chat_models import TOOLS, USER, script
 
 
 def _ask(served, stream: bool, **kw):
@@ -124,7 +67,7 @@ HARMONY_CALL = ("<|channel|>analysis<|message|>Need the tool.<|end|>"
 
 
 def test_gpt_oss_reasoning_and_content(gpt_oss_chat):
-    _script(gpt_oss_chat, HARMONY_ANSWER)
+    script(gpt_oss_chat, HARMONY_ANSWER)
     whole, finish, usage = _ask(gpt_oss_chat, stream=False)
     assert whole == {"content": "It is sunny in Paris.",
                      "reasoning": "The user asks about weather.", "calls": []}
@@ -139,7 +82,7 @@ def test_gpt_oss_reasoning_and_content(gpt_oss_chat):
 
 
 def test_gpt_oss_tool_call(gpt_oss_chat):
-    _script(gpt_oss_chat, HARMONY_CALL)
+    script(gpt_oss_chat, HARMONY_CALL)
     for stream in (False, True):
         answer, finish, _ = _ask(gpt_oss_chat, stream=stream, tools=TOOLS)
         assert finish == "tool_calls"
@@ -152,7 +95,7 @@ def test_gpt_oss_tool_call(gpt_oss_chat):
 def test_gpt_oss_named_call_in_harmony_syntax(gpt_oss_chat):
     """A named call is constrained to Harmony's own syntax: the scripted call passes the
     grammar token by token, and a grammar error would end the request early."""
-    _script(gpt_oss_chat, HARMONY_CALL.removesuffix("<|call|>"))
+    script(gpt_oss_chat, HARMONY_CALL.removesuffix("<|call|>"))
     choice = {"type": "function", "function": {"name": "get_weather"}}
     for stream in (False, True):
         answer, finish, _ = _ask(gpt_oss_chat, stream=stream, tools=TOOLS, tool_choice=choice)
@@ -162,7 +105,7 @@ def test_gpt_oss_named_call_in_harmony_syntax(gpt_oss_chat):
 
 
 def test_gpt_oss_json_answer_after_analysis(gpt_oss_chat):
-    _script(gpt_oss_chat, "<|channel|>analysis<|message|>Count.<|end|><|start|>assistant"
+    script(gpt_oss_chat, "<|channel|>analysis<|message|>Count.<|end|><|start|>assistant"
             '<|channel|>final<|message|>{"n": 4}')
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
@@ -176,7 +119,7 @@ QWEN_CALLS = ("<think>\nThe user wants weather.\n</think>\n\nLet me check.\n"
 
 
 def test_qwen3_thinking_content_and_parallel_calls(qwen3_chat):
-    _script(qwen3_chat, QWEN_CALLS)
+    script(qwen3_chat, QWEN_CALLS)
     whole, finish, usage = _ask(qwen3_chat, stream=False, tools=TOOLS)
     assert finish == "tool_calls"
     assert whole["reasoning"].strip() == "The user wants weather."
@@ -194,7 +137,7 @@ def test_qwen3_thinking_content_and_parallel_calls(qwen3_chat):
 
 
 def test_qwen3_without_tools_the_markup_is_content(qwen3_chat):
-    _script(qwen3_chat, "<think>\nhm\n</think>\n\nHello!")
+    script(qwen3_chat, "<think>\nhm\n</think>\n\nHello!")
     answer, finish, _ = _ask(qwen3_chat, stream=False)
     assert (answer["reasoning"].strip(), answer["content"], finish) == ("hm", "Hello!", "stop")
 
@@ -202,7 +145,7 @@ def test_qwen3_without_tools_the_markup_is_content(qwen3_chat):
 def test_two_turn_tool_exchange_renders_through_the_template(gpt_oss_chat):
     """The call goes back as the template writes it, and /tokenize counts exactly the
     prompt the chat sends."""
-    _script(gpt_oss_chat, HARMONY_CALL)
+    script(gpt_oss_chat, HARMONY_CALL)
     answer, _, _ = _ask(gpt_oss_chat, stream=False, tools=TOOLS)
     call = answer["calls"][0]
     history = USER + [
@@ -210,7 +153,7 @@ def test_two_turn_tool_exchange_renders_through_the_template(gpt_oss_chat):
             "id": call["id"], "type": "function",
             "function": {"name": call["name"], "arguments": call["arguments"]}}]},
         {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "sunny"}'}]
-    _script(gpt_oss_chat, "<|channel|>final<|message|>Sunny.<|return|>")
+    script(gpt_oss_chat, "<|channel|>final<|message|>Sunny.<|return|>")
 
     async def go(client, http):
         r = await client.chat.completions.create(model="tiny", messages=history, tools=TOOLS,

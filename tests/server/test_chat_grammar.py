@@ -143,3 +143,25 @@ def test_no_grammar_where_the_format_has_none():
     # without reasoning, a schema applies to the whole output as before
     assert answer_grammar(tok, reasoning=None, tools=None, template="", prompt="",
                           plan=None, schema={"type": "object"}) is None
+
+
+@pytest.mark.parametrize("family,template,fmt,reasoning,end", FAMILIES[:2],
+                         ids=[f[0] for f in FAMILIES[:2]])
+def test_json_answer_or_a_call_with_tools_on_offer(family, template, fmt, reasoning, end):
+    """tool_choice auto beside a schema: the family's call, or the answer, both pass."""
+    tok = load_tokenizer(family)
+    source = (TEMPLATES / template).read_text()
+    prompt, written = _written_call(source, family, end)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    grammar = answer_grammar(tok, reasoning=reasoning, tools=fmt, template=source,
+                             prompt=prompt, plan=_plan("auto"), schema=schema)
+    compiler = GrammarCompiler(tok, tok.vocab_size, list(tok.eos_token_ids))
+    answer = ('<|channel|>final<|message|>{"n": 4}' if fmt == "harmony"
+              else '<think>\nok\n</think>\n\n{"n": 4}')
+    for text in (written + end, answer, written + "\n" + written + end):
+        if fmt == "harmony" and text.count("to=") > 1:
+            continue  # a Harmony call ends its turn: one a turn
+        assert _accepts(compiler, grammar, tok.encode(text, add_special_tokens=False)), text
+    assert not _accepts(compiler, grammar, tok.encode("plain words" + end,
+                                                      add_special_tokens=False))

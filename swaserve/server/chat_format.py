@@ -28,7 +28,8 @@ class ChatOutput:
     """How one chat request's output is constrained and read, decided once its prompt is
     rendered (its end says whether the output starts inside reasoning): a required or named
     call, or a JSON answer after reasoning (or a call, with tools on offer), in the family's
-    own format (chat_grammar.py), else the constraint as given; and the output parser of each choice (chat_output.py)."""
+    own format (chat_grammar.py), else the constraint as given; and the output parser of
+    each choice (chat_output.py)."""
 
     def __init__(self, state: AppState, body, plan: ToolPlan | None, params: SamplingParams):
         self.tok, self.plan, self.params = state.tokenizer, plan, params

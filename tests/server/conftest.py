@@ -1,8 +1,23 @@
 """What the server tests share: request bodies the server must refuse with a 400 naming
 their field, and odd ones it must serve (test_server_inprocess.py sends them alone,
-test_server_resilience.py beside a live stream)."""
+test_server_resilience.py beside a live stream); the tiny gpt-oss and Qwen3 chat models
+with their real tokenizers and templates, served in process, whose outputs a test scripts
+(test_chat_formats.py, test_anthropic.py)."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import inprocess_served
+from tests.helpers.checkpoints import FAMILY_COMMON, _randomize_norms, _save, write_gpt_oss
+from tests.helpers.scripted import script_outputs
+from tests.helpers.tokenizers import write_tokenizer
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
 
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
@@ -105,3 +120,45 @@ def random_cuts(rng, total):
         cuts.append(min(n, left))
         left -= n
     return cuts
+
+
+def _chat_dir(path: Path, family: str, template: str) -> None:
+    write_tokenizer(family, path)
+    shutil.copyfile(TEMPLATES / template, path / "chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_chat(tmp_path_factory):
+    """A tiny gpt-oss with o200k_harmony and gpt-oss's template; <|return|> and <|call|>
+    end a turn (generation_config.json, as the real checkpoint has it)."""
+    path = tmp_path_factory.mktemp("gpt_oss_chat")
+    write_gpt_oss(path, vocab_size=201088, eos_token_id=200002, bos_token_id=199998,
+                  max_position_embeddings=2048,
+                  pad_token_id=199999)
+    _chat_dir(path, "gpt-oss", "openai-gpt-oss-120b.jinja")
+    (path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [200002, 199999, 200012], "bos_token_id": 199998}))
+    yield from inprocess_served(str(path), max_model_len=2048)
+
+
+@pytest.fixture(scope="module")
+def qwen3_chat(tmp_path_factory):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = tmp_path_factory.mktemp("qwen3_chat")
+    cfg = Qwen3Config(**{**FAMILY_COMMON, "vocab_size": 151669, "eos_token_id": 151645,
+                         "bos_token_id": 151643, "pad_token_id": 151643,
+                         "max_position_embeddings": 2048},
+                      num_hidden_layers=2, tie_word_embeddings=True)
+    _save(_randomize_norms(Qwen3ForCausalLM(cfg)), path)
+    _chat_dir(path, "qwen3", "Qwen-Qwen3-0.6B.jinja")
+    yield from inprocess_served(str(path), max_model_len=2048)
+
+
+def script_chat(served, text: str) -> None:
+    """Every request of the served engine writes `text` (special tokens as tokens), then
+    its first end-of-turn token."""
+    app, aeng = served
+    eng = aeng.engine
+    ids = eng.tokenizer.encode(text, add_special_tokens=False)
+    script_outputs(eng, ids, end=eng.tokenizer.eos_token_ids[0])

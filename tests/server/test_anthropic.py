@@ -290,3 +290,54 @@ def test_live_server_with_x_api_key(tiny_with_tokenizer):
         assert json.loads(m.model_dump_json())["type"] == "message"
     finally:
         stop_server(proc)
+
+
+def test_engine_failure_mid_stream_is_an_error_event(gpt_oss_chat):
+    """A request that fails inside the engine after its stream began ends with Anthropic's
+    error event, which the client raises."""
+    app, aeng = gpt_oss_chat
+    _script(gpt_oss_chat, HARMONY_ANSWER)
+    output = aeng.engine.output
+    scripted = output.accept
+
+    def failing(req, tok, logprobs, now=None):
+        if len(req.output_token_ids) == 6:
+            raise RuntimeError("a broken detokenizer")
+        scripted(req, tok, logprobs, now)
+
+    output.accept = failing
+    body = {"model": "tiny", "max_tokens": 50, "messages": USER}
+
+    async def go(client, http):
+        r = await http.post("/v1/messages", json={**body, "stream": True})
+        with pytest.raises(anthropic.APIStatusError) as e:
+            async with client.messages.stream(**body) as s:
+                await s.get_final_message()
+        return r.text, e.value
+
+    try:
+        text, raised = run_anthropic(app, go)
+    finally:
+        output.accept = scripted
+    lines = text.splitlines()
+    assert lines[0] == "event: message_start" and "event: message_stop" not in lines
+    at = lines.index("event: error")
+    error = json.loads(lines[at + 1].removeprefix("data: "))
+    assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
+    assert raised.type == error["error"]["type"]
+
+
+def test_error_types_follow_anthropic_statuses():
+    """The server's 503 (full, or its engine gone) is Anthropic's 529 overloaded_error; the
+    rest keep their status under Anthropic's type names."""
+    from swaserve.server.anthropic_format import error_body, error_status
+    from swaserve.server.errors import APIError
+
+    cases = [(400, 400, "invalid_request_error"), (401, 401, "authentication_error"),
+             (404, 404, "not_found_error"), (413, 413, "request_too_large"),
+             (503, 529, "overloaded_error"), (504, 504, "timeout_error"),
+             (500, 500, "api_error")]
+    for status, shown, kind in cases:
+        e = APIError(status, "why")
+        assert error_status(e) == shown
+        assert error_body(e) == {"type": "error", "error": {"type": kind, "message": "why"}}

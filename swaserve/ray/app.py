@@ -30,6 +30,7 @@ from swaserve.config import EngineConfig
 from swaserve.distributed.workers import usable_cores
 from swaserve.ray.forward import ForwardedRequest, ResponseStart, call_asgi
 from swaserve.ray.routing import request_blocks
+from swaserve.server.app import error_shape
 from swaserve.server.errors import error_body, error_response
 from swaserve.server.factory import ServerOptions, build_server
 from swaserve.server.guard import Guard
@@ -94,7 +95,7 @@ class Ingress:
 
         o = self.options
         app.add_middleware(Guard, api_key=o.api_key, max_body_bytes=o.max_request_bytes,
-                           public_paths=o.public_paths)
+                           public_paths=o.public_paths, shape=error_shape)
         return app
 
     async def forward(self, request: Request) -> Response:

@@ -2,10 +2,11 @@
 lifecycle (lifecycle.py), and its errors.
 
 Routes: routes_openai.py (models, completions, chat), routes_responses.py
-(/v1/responses, on the chat path), routes_tokens.py (/tokenize,
-/detokenize, /tokenizer_info), routes_admin.py (/health, /metrics). Every error leaves as
-`{"error": {message, type, param, code}}` (OpenAI's shape) unless its path belongs to a
-surface in `_ERROR_BODIES`; a failure of one request inside the engine reaches that request
+(/v1/responses, on the chat path), routes_anthropic.py (/v1/messages), routes_tokens.py
+(/tokenize, /detokenize, /tokenizer_info), routes_admin.py (/health, /metrics). Every
+error leaves as `{"error": {message, type, param, code}}` (OpenAI's shape) unless its path
+belongs to a surface in `_ERROR_BODIES`, the guard's 401 and 413 included; a failure of
+one request inside the engine reaches that request
 only: a 5xx body, or in a stream an error event and then the stream's end.
 """
 
@@ -20,7 +21,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swaserve.server import routes_admin, routes_openai, routes_responses, routes_tokens
+from swaserve.server import (
+    anthropic_format,
+    routes_admin,
+    routes_anthropic,
+    routes_openai,
+    routes_responses,
+    routes_tokens,
+)
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, validation_error
 from swaserve.server.guard import Guard
@@ -30,8 +38,11 @@ from swaserve.server.state import AppState
 log = logging.getLogger("swaserve")
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024**2
 _REJECTED = {400: "invalid", 404: "not_found", 413: "too_large"}
-# (path prefix, APIError -> body) of each surface whose errors are not in OpenAI's shape
-_ERROR_BODIES: tuple[tuple[str, Callable[[APIError], dict]], ...] = ()
+# (path prefix, APIError -> body[, APIError -> HTTP status]) of each surface whose errors
+# are not in OpenAI's shape
+_ERROR_BODIES: tuple[tuple[str, Callable[[APIError], Any]], ...] = (
+    (routes_anthropic.PREFIX, anthropic_format.error_body, anthropic_format.error_status),
+)
 
 
 def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
@@ -53,17 +64,25 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     routes_admin.add_routes(app, state)
     routes_openai.add_routes(app, state)
     routes_responses.add_routes(app, state)
+    routes_anthropic.add_routes(app, state)
     routes_tokens.add_routes(app, state)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
-                       public_paths=public_paths,
+                       public_paths=public_paths, shape=error_shape,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())
     return app
 
 
+def error_shape(path: str, e: APIError) -> tuple[int, dict]:
+    """(HTTP status, body) of an error on `path`, in its surface's shape."""
+    for prefix, body, *status in _ERROR_BODIES:
+        if path.startswith(prefix):
+            return (status[0](e) if status else e.status), body(e)
+    return e.status, e.body()
+
+
 def _error_response(request: Request, e: APIError) -> JSONResponse:
-    path = request.url.path
-    body = next((fn for prefix, fn in _ERROR_BODIES if path.startswith(prefix)), APIError.body)
-    return JSONResponse(body(e), status_code=e.status, headers=e.headers)
+    status, body = error_shape(request.url.path, e)
+    return JSONResponse(body, status_code=status, headers=e.headers)
 
 
 def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -1,5 +1,9 @@
 """The server's outer ASGI layer: API-key auth and the request body limit.
 
+The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+(Anthropic's). A refusal is written in the shape of the surface its path belongs to
+(`shape`, app.py's `error_shape`).
+
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps `receive` and would
 hide a client's disconnect from the handlers). It reads the body itself, answers 413 as soon
 as it passes `max_body_bytes`, and replays it to the app; after that the app's `receive`
@@ -12,7 +16,7 @@ import json
 import secrets
 from collections.abc import Callable
 
-from swaserve.server.errors import error_body
+from swaserve.server.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -20,8 +24,10 @@ OPEN_PATHS = frozenset({"/health"})
 class Guard:
     def __init__(self, app, api_key: str | None, max_body_bytes: int,
                  public_paths: frozenset[str] = frozenset(),
-                 on_reject: Callable[[str], None] | None = None):
+                 on_reject: Callable[[str], None] | None = None,
+                 shape: Callable[[str, APIError], tuple[int, dict]] | None = None):
         self.app = app
+        self.shape = shape or (lambda path, e: (e.status, e.body()))
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.open_paths = OPEN_PATHS | public_paths
@@ -31,15 +37,14 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        if self.api_key and scope.get("path") not in self.open_paths:
-            given = headers.get(b"authorization", b"")
-            if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                return await self._reject(send, 401, "unauthorized", error_body(
-                    "invalid or missing API key", "authentication_error", None,
-                    "invalid_api_key"))
+        path = scope.get("path", "")
+        if self.api_key and path not in self.open_paths and not self._authorized(headers):
+            return await self._reject(send, path, "unauthorized", APIError(
+                401, "invalid or missing API key", None, "authentication_error",
+                "invalid_api_key"))
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return await self._reject(send, 413, "too_large", self._too_large())
+            return await self._reject(send, path, "too_large", self._too_large())
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -48,7 +53,7 @@ class Guard:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
-                return await self._reject(send, 413, "too_large", self._too_large())
+                return await self._reject(send, path, "too_large", self._too_large())
             if not msg.get("more_body", False):
                 break
         body = b"".join(chunks)
@@ -63,14 +68,20 @@ class Guard:
 
         return await self.app(scope, replay, send)
 
-    def _too_large(self) -> dict:
-        return error_body(f"the request body exceeds the server's limit of "
-                          f"{self.max_body_bytes} bytes (--max-request-bytes)",
-                          "invalid_request_error", None, "request_too_large")
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        key = self.api_key.encode()
+        bearer = secrets.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key)
+        return secrets.compare_digest(headers.get(b"x-api-key", b""), key) or bearer
 
-    async def _reject(self, send, status: int, reason: str, body: dict) -> None:
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds the server's limit of "
+                        f"{self.max_body_bytes} bytes (--max-request-bytes)",
+                        None, "invalid_request_error", "request_too_large")
+
+    async def _reject(self, send, path: str, reason: str, e: APIError) -> None:
         if self.on_reject is not None:
             self.on_reject(reason)
+        status, body = self.shape(path, e)
         data = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 
 from swaserve.server.async_engine import Delta, Final
-from swaserve.server.chat_format import _cut_at_stop
+from swaserve.server.chat_format import cut_at_stop
 from swaserve.server.chat_output import Event, OutputParser
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import sse
@@ -62,7 +62,7 @@ class _Reader:
             if d.finish_reason:
                 events += self.parser.finish()
                 if isinstance(d.stop_reason, str):
-                    events = _cut_at_stop(events, self.tail, d.stop_reason)
+                    events = cut_at_stop(events, self.tail, d.stop_reason)
             if self.stop_reach:
                 said = self.tail + "".join(e.text for e in events if e.kind == "content")
                 self.tail = said[-self.stop_reach:]

@@ -76,7 +76,7 @@ class ChatOutput:
             tool_names=names, parallel_tool_calls=self.parallel, prompt=self.prompt)
 
 
-def _cut_at_stop(events: list[Event], tail: str, stop: str) -> list[Event]:
+def cut_at_stop(events: list[Event], tail: str, stop: str) -> list[Event]:
     """A finishing choice's events with its content cut where the stop string begins
     (`tail`: the content said before these events, as far back as the string reaches)."""
     out, said = [], tail
@@ -169,7 +169,7 @@ class ChatFormat(ResponseFormat):
         if d.finish_reason:
             events += parser.finish()
             if isinstance(d.stop_reason, str):
-                events = _cut_at_stop(events, self._tail[d.index], d.stop_reason)
+                events = cut_at_stop(events, self._tail[d.index], d.stop_reason)
         if self.stop_reach:
             said = self._tail[d.index] + "".join(e.text for e in events if e.kind == "content")
             self._tail[d.index] = said[-self.stop_reach:]

@@ -1,16 +1,23 @@
-"""The server's outer ASGI layer: API-key auth and the request body limit.
+"""The server's outer ASGI layers: API-key auth and the request body limit, and CORS.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps `receive` and would
 hide a client's disconnect from the handlers). It reads the body itself, answers 413 as soon
 as it passes `max_body_bytes`, and replays it to the app; after that the app's `receive`
-is the client's own, so handlers still see `http.disconnect`.
+is the client's own, so handlers still see `http.disconnect`. A CORS preflight passes
+without the key: browsers never send credentials on one.
+
+CORS (off unless origins are given) lets a web page on those origins call the API: the
+preflight is answered for any method and header, since browser clients of OpenAI's API send
+their own headers (x-stainless-*) beside Authorization and Content-Type.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from starlette.middleware.cors import CORSMiddleware
 
 from swaserve.server.errors import error_body
 
@@ -31,7 +38,8 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        if self.api_key and scope.get("path") not in self.open_paths:
+        if self.api_key and scope.get("path") not in self.open_paths and not (
+                _is_preflight(scope["method"], headers)):
             given = headers.get(b"authorization", b"")
             if not secrets.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return await self._reject(send, 401, "unauthorized", error_body(
@@ -76,3 +84,15 @@ class Guard:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
+
+
+def _is_preflight(method: str, headers: dict[bytes, bytes]) -> bool:
+    return (method == "OPTIONS" and b"origin" in headers
+            and b"access-control-request-method" in headers)
+
+
+def add_cors(app, origins: Sequence[str]) -> None:
+    """CORS for `origins` (`*`: any) as the app's outermost layer; none: no CORS."""
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["Retry-After"])

@@ -67,7 +67,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("SWASERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health")
-    p.add_argument("--served-model-name", default=None, help="model id reported and accepted")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model's ids: requests may name any of them, answers report the "
+                        "first (default: the hub id or the model's file name)")
     p.add_argument("--max-waiting", type=int, default=1024,
                    help="accepted requests not running yet beyond which new ones get 503 + "
                         "Retry-After")
@@ -82,6 +84,10 @@ def register(sub) -> None:
     p.add_argument("--public-path", action="append", default=[],
                    help="with --api-key, a path served without the key (e.g. /metrics); "
                         "repeatable. /health is always open")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
+                   help="CORS: browser origins allowed to call the API (e.g. "
+                        "https://app.example.com, or *); repeatable or comma-separated. "
+                        "Default: none (no CORS)")
     p.add_argument("--chat-template", default=None,
                    help="a chat template (Jinja) to use instead of the model's own: a file's "
                         "path, or the template's text")
@@ -139,7 +145,10 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(api_key=args.api_key, served_model_name=args.served_model_name,
+    origins = tuple(o.strip() for given in args.allowed_origins for o in given.split(",")
+                    if o.strip())
+    return ServerOptions(api_key=args.api_key,
+                         served_model_name=tuple(args.served_model_name or ()),
                          max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                          shutdown_timeout=args.shutdown_timeout,
                          max_request_bytes=args.max_request_bytes,
@@ -147,7 +156,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          chat_template=read_chat_template(args.chat_template),
                          default_chat_template_kwargs=args.default_chat_template_kwargs,
                          reasoning_parser=args.reasoning_parser,
-                         tool_call_parser=args.tool_call_parser)
+                         tool_call_parser=args.tool_call_parser, allowed_origins=origins)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from swaserve.ray.routing import request_blocks
 from swaserve.server.app import error_shape
 from swaserve.server.errors import error_body, error_response
 from swaserve.server.factory import ServerOptions, build_server
-from swaserve.server.guard import Guard
+from swaserve.server.guard import Guard, add_cors
 
 log = logging.getLogger("swaserve")
 ROUTERS = {"prefix": "swaserve.ray.router:PrefixAffinityRouter",
@@ -96,6 +96,7 @@ class Ingress:
         o = self.options
         app.add_middleware(Guard, api_key=o.api_key, max_body_bytes=o.max_request_bytes,
                            public_paths=o.public_paths, shape=error_shape)
+        add_cors(app, o.allowed_origins)  # the ingress's own refusals carry CORS headers too
         return app
 
     async def forward(self, request: Request) -> Response:

@@ -188,6 +188,8 @@ class GrammarCompiler:
                 grammar = llguidance.grammar_from("grammar", text)
         except (ValueError, TypeError) as e:
             raise ValueError(f"{param}: {e}") from None
+        except RecursionError:  # a schema past the bounds that no request field checked
+            raise ValueError(f"{param}: nested too deeply to compile") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, tok)
         if error and not error.startswith("WARNING"):
             raise ValueError(f"{param}: {_first_line(error)}")

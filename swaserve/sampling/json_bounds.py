@@ -18,6 +18,10 @@ members, an array's undeclared items) are any JSON value, bounded the same way.
 `multipleOf` 1e-10 is how the fraction is bounded: llguidance compiles a `multipleOf` as a
 digit pattern, exactly down to 1e-10 (not below: at 1e-12 it rejects `0.5`). Integer bounds
 are float64 inside llguidance, so they stay below 2**53 (15 digits, exact).
+
+A schema itself is bounded too (`check_schema_size`), before anything walks it: at most
+MAX_SCHEMA_DEPTH nested objects and arrays and MAX_SCHEMA_NODES values in all. Real schemas
+sit far inside both; past them, the compiler and this module's own recursion would fail.
 """
 
 from __future__ import annotations
@@ -33,12 +37,47 @@ LIMIT = 10**INTEGER_DIGITS - 1
 FRACTION_STEP = 10.0**-FRACTION_DIGITS
 ANY = "swaserve_any_value"  # the $defs entry for a value of any type
 
+MAX_SCHEMA_DEPTH = 64
+MAX_SCHEMA_NODES = 10_000
+SCHEMA_LIMITS = (f"at most {MAX_SCHEMA_DEPTH} levels of nested objects and arrays and "
+                 f"{MAX_SCHEMA_NODES} values")
+
 _SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else",
                "propertyNames", "unevaluatedItems", "unevaluatedProperties")
 _LOWER = ("minimum", "exclusiveMinimum")
 _UPPER = ("maximum", "exclusiveMaximum")
+
+
+def check_schema_size(schema: Any, param: str) -> None:
+    """ValueError("<param>: ...") when `schema` (parsed JSON) nests deeper or holds more
+    values than a schema may."""
+    excess = json_excess(schema, MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES)
+    if excess is not None:
+        raise ValueError(f"{param}: the schema {excess} ({SCHEMA_LIMITS})")
+
+
+def json_excess(value: Any, max_depth: int, max_nodes: int | None = None) -> str | None:
+    """"nests too deeply" when JSON-shaped `value` has more than `max_depth` levels of
+    nested dicts and lists, "is too large" when it holds more than `max_nodes` values, else
+    None. Iterative, so any depth is measured safely."""
+    stack, nodes = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        children = (node.values() if isinstance(node, dict) else
+                    node if isinstance(node, (list, tuple)) else ())
+        for child in children:
+            if isinstance(child, (dict, list, tuple)):
+                if depth >= max_depth:
+                    return "nests too deeply"
+                stack.append((child, depth + 1))
+            else:
+                nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            return "is too large"
+    return None
 
 
 def bound_schema(schema: Any) -> Any:

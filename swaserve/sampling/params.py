@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from swaserve.sampling.json_bounds import SCHEMA_LIMITS, check_schema_size
+
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy (as in vLLM): logits / T overflow
 
@@ -172,8 +174,12 @@ class SamplingParams:
                 self.json_schema = json.loads(self.json_schema)
             except json.JSONDecodeError as e:
                 _bad("json_schema", f"is not valid JSON: {e}")
+            except RecursionError:
+                _bad("json_schema", f"the schema nests too deeply ({SCHEMA_LIMITS})")
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             _bad("json_schema", f"must be a JSON object (a schema), got {type(self.json_schema).__name__}")
+        if self.json_schema is not None:
+            check_schema_size(self.json_schema, "json_schema")
         if not isinstance(self.json_object, bool):
             _bad("json_object", f"must be a boolean, got {self.json_object!r}")
         for name in ("regex", "grammar"):

@@ -13,7 +13,7 @@ only: a 5xx body, or in a stream an error event and then the stream's end.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,7 +31,7 @@ from swaserve.server import (
 )
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, validation_error
-from swaserve.server.guard import Guard
+from swaserve.server.guard import Guard, add_cors
 from swaserve.server.metrics import REJECT_REASONS, Metrics
 from swaserve.server.state import AppState
 
@@ -45,14 +45,16 @@ _ERROR_BODIES: tuple[tuple[str, Callable[[APIError], Any]], ...] = (
 )
 
 
-def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+def create_app(aengine: AsyncEngine, model_name: str | Sequence[str],
+               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                public_paths: frozenset[str] = frozenset(), *, chat_template: str | None = None,
                template_kwargs: Mapping[str, Any] | None = None, reasoning_parser: str = "auto",
-               tool_parser: str = "auto") -> FastAPI:
-    """The app of one engine. `chat_template` (a template's text) replaces the model's
-    own; `template_kwargs` are the template variables every chat gets by default; the
-    parsers name the output's formats (chat_output.py), `auto` or `none`."""
+               tool_parser: str = "auto", allowed_origins: Sequence[str] = ()) -> FastAPI:
+    """The app of one engine, served under one name or several (answers report the
+    first). `chat_template` (a template's text) replaces the model's own; `template_kwargs`
+    are the template variables every chat gets by default; the parsers name the output's
+    formats (chat_output.py), `auto` or `none`; `allowed_origins` turns on CORS for those
+    browser origins."""
     metrics = Metrics()
     aengine.metrics = metrics
     metrics.on_state(aengine.engine.stats())
@@ -69,6 +71,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
                        public_paths=public_paths, shape=error_shape,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())
+    add_cors(app, allowed_origins)  # outermost: a refusal of the guard carries its headers
     return app
 
 

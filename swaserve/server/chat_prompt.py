@@ -5,16 +5,27 @@ it here, so /tokenize returns exactly the ids a chat would be prompted with.
 Template variables, later ones winning: the tokenizer's special tokens, the server's
 `--default-chat-template-kwargs`, the request's `chat_template_kwargs`, its
 `reasoning_effort` (as the variable `reasoning_effort`, which gpt-oss's template reads).
+
+The render walks the data recursively, so a message (tool-call arguments included, once
+parsed), a document or a template variable nesting deeper than MAX_NESTING levels is a 400.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from swaserve.sampling.json_bounds import json_excess
 from swaserve.server.chat_template import ChatTemplateError
 from swaserve.server.errors import APIError
 from swaserve.server.state import AppState
 from swaserve.server.tools import ToolPlan, template_messages
+
+MAX_NESTING = 128
+
+
+def _check_nesting(value: Any, param: str) -> None:
+    if json_excess(value, MAX_NESTING) is not None:
+        raise APIError(400, f"{param}: nests deeper than {MAX_NESTING} levels", param)
 
 
 def template_kwargs(state: AppState, body) -> dict[str, Any]:
@@ -47,6 +58,10 @@ def chat_prompt(state: AppState, body, plan: ToolPlan | None) -> str:
                        "chat_template")
     messages = template_messages([m.model_dump(exclude_none=True) for m in body.messages],
                                  plan, template.builtin)
+    for i, m in enumerate(messages):
+        _check_nesting(m, f"messages.{i}")
+    _check_nesting(body.chat_template_kwargs or {}, "chat_template_kwargs")
+    _check_nesting(body.documents or [], "documents")
     specs = plan.specs if plan is not None and not template.builtin else None
     try:
         text = template.render(messages, tools=specs, documents=body.documents,

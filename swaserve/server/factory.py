@@ -19,7 +19,9 @@ from swaserve.server.chat_template import RESERVED_KWARGS
 @dataclass(frozen=True)
 class ServerOptions:
     api_key: str | None = None
-    served_model_name: str | None = None
+    # the names the model is served under (the first is reported); none: the hub id or
+    # the file's name (default_model_name); one name may be given as a str
+    served_model_name: tuple[str, ...] | str | None = ()
     max_waiting: int = 1024
     request_timeout: float | None = None
     shutdown_timeout: float = 10.0
@@ -31,8 +33,15 @@ class ServerOptions:
     # the output's formats: a parser's name, "auto" (from the template) or "none"
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed ("*": any)
 
     def __post_init__(self):
+        for name in ("served_model_name", "allowed_origins"):
+            v = getattr(self, name)
+            v = () if v is None else (v,) if isinstance(v, str) else tuple(v)
+            if not all(isinstance(x, str) and x for x in v):
+                raise ValueError(f"{name}: must be non-empty strings, got {v!r}")
+            object.__setattr__(self, name, v)  # one shape, whatever the caller passed
         for name, known in (("reasoning_parser", REASONING_PARSERS),
                             ("tool_call_parser", TOOL_PARSERS)):
             if getattr(self, name) not in ("auto", "none", *known):
@@ -60,7 +69,7 @@ class ServerOptions:
 class Server:
     aengine: AsyncEngine
     app: FastAPI
-    model_name: str
+    model_name: str  # the name answers report (the first served name)
 
 
 def default_model_name(engine) -> str:
@@ -78,10 +87,11 @@ def build_server(config: EngineConfig, options: ServerOptions) -> Server:
     engine = Engine(config)
     aengine = AsyncEngine(engine, max_waiting=options.max_waiting,
                           request_timeout=options.request_timeout)
-    name = options.served_model_name or default_model_name(engine)
-    app = create_app(aengine, name, options.api_key, options.max_request_bytes,
+    names = options.served_model_name or (default_model_name(engine),)
+    app = create_app(aengine, names, options.api_key, options.max_request_bytes,
                      options.public_paths, chat_template=options.chat_template,
                      template_kwargs=options.default_chat_template_kwargs,
                      reasoning_parser=options.reasoning_parser,
-                     tool_parser=options.tool_call_parser)
-    return Server(aengine, app, name)
+                     tool_parser=options.tool_call_parser,
+                     allowed_origins=options.allowed_origins)
+    return Server(aengine, app, names[0])

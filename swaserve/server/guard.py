@@ -1,4 +1,4 @@
-"""The server's outer ASGI layer: API-key auth and the request body limit.
+"""The server's outer ASGI layers: API-key auth and the request body limit, and CORS.
 
 The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
 (Anthropic's). A refusal is written in the shape of the surface its path belongs to
@@ -7,14 +7,21 @@ The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: K
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps `receive` and would
 hide a client's disconnect from the handlers). It reads the body itself, answers 413 as soon
 as it passes `max_body_bytes`, and replays it to the app; after that the app's `receive`
-is the client's own, so handlers still see `http.disconnect`.
+is the client's own, so handlers still see `http.disconnect`. A CORS preflight passes
+without the key: browsers never send credentials on one.
+
+CORS (off unless origins are given) lets a web page on those origins call the API: the
+preflight is answered for any method and header, since browser clients of OpenAI's API send
+their own headers (x-stainless-*) beside Authorization and Content-Type.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from starlette.middleware.cors import CORSMiddleware
 
 from swaserve.server.errors import APIError
 
@@ -38,7 +45,8 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         path = scope.get("path", "")
-        if self.api_key and path not in self.open_paths and not self._authorized(headers):
+        if self.api_key and path not in self.open_paths and not (
+                _is_preflight(scope["method"], headers)) and not self._authorized(headers):
             return await self._reject(send, path, "unauthorized", APIError(
                 401, "invalid or missing API key", None, "authentication_error",
                 "invalid_api_key"))
@@ -87,3 +95,15 @@ class Guard:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
+
+
+def _is_preflight(method: str, headers: dict[bytes, bytes]) -> bool:
+    return (method == "OPTIONS" and b"origin" in headers
+            and b"access-control-request-method" in headers)
+
+
+def add_cors(app, origins: Sequence[str]) -> None:
+    """CORS for `origins` (`*`: any) as the app's outermost layer; none: no CORS."""
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["Retry-After"])

@@ -1,5 +1,6 @@
-"""The operator's routes: /health (the engine thread alive, or draining for shutdown) and
-/metrics (Prometheus text)."""
+"""The operator's routes: /health and /metrics (Prometheus text). /health is 200 while the
+engine thread runs and takes requests, and 503 (its body saying why) once the engine stopped
+or the server drains for shutdown, so that a load balancer sends no more."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def add_routes(app: FastAPI, state: AppState) -> None:
         if not aengine.alive:
             return error_response(503, f"the engine stopped: {aengine.dead}", None,
                                   "server_error", "engine_dead")
-        return {"status": "shutting_down" if aengine.draining else "ok"}
+        if aengine.draining:
+            return error_response(503, "the server is shutting down", None, "server_error",
+                                  "shutting_down")
+        return {"status": "ok"}
 
     @app.get("/metrics")
     async def get_metrics():

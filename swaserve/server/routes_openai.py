@@ -1,4 +1,4 @@
-"""OpenAI's API surface: /v1/models, /v1/completions and /v1/chat/completions. Each route
+"""OpenAI's API surface: /v1/models (and one model's object), /v1/completions and /v1/chat/completions. Each route
 checks what only its body can get wrong, maps the body to `SamplingParams` and a prompt
 (adapter.py), and leaves the rest to the shared lifecycle (lifecycle.py); its answer is
 written by adapter.py's formats."""
@@ -29,9 +29,12 @@ from swaserve.server.tools import ToolPlan, plan_tools
 def add_routes(app: FastAPI, state: AppState) -> None:
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "swaserve",
-                                            "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [_model(state, name) for name in state.model_names]}
+
+    @app.get("/v1/models/{model_id:path}")  # hub ids hold a slash: org/name
+    async def model(model_id: str):
+        state.check_model(model_id)
+        return _model(state, model_id)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -40,6 +43,12 @@ def add_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         return await _chat(state, body, request)
+
+
+def _model(state: AppState, name: str) -> dict:
+    """OpenAI's model object for one of the served names."""
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "swaserve",
+            "max_model_len": state.max_model_len}
 
 
 def _format(state: AppState, fmt_class: type[ResponseFormat], body, prepared: list[Prepared],

@@ -1,10 +1,10 @@
-"""What every route of one server reads: the engine thread, the served model's name and
+"""What every route of one server reads: the engine thread, the served model's names and
 context, the tokenizer and chat template, the metrics. `create_app` builds it once and
 hands it to each module of routes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ AUTO, NONE = "auto", "none"  # parser choices besides a format's name
 @dataclass(frozen=True)
 class AppState:
     aengine: AsyncEngine
-    model_name: str
+    model_names: tuple[str, ...]  # the names a request may use; answers report the first
     metrics: Metrics
     template: ChatTemplate | None  # None: the model has no tokenizer, so no chat
     end_of_turn: int | None  # a stop token of every chat (Gemma's, under the built-in template)
@@ -32,12 +32,16 @@ class AppState:
     tool_parser: str | None = None
 
     @classmethod
-    def of(cls, aengine: AsyncEngine, model_name: str, metrics: Metrics,
+    def of(cls, aengine: AsyncEngine, model_names: str | Sequence[str], metrics: Metrics,
            chat_template: str | None = None,
            template_kwargs: Mapping[str, Any] | None = None, reasoning_parser: str = AUTO,
            tool_parser: str = AUTO) -> AppState:
-        """`chat_template` (a template's text) replaces the model's own templates; the
+        """`model_names`: one name or several (the first is the one answers report);
+        `chat_template` (a template's text) replaces the model's own templates; the
         parsers are named, `auto` (what the template's syntax says) or `none`."""
+        names = (model_names,) if isinstance(model_names, str) else tuple(model_names)
+        if not names:
+            raise ValueError("model_names: at least one name")
         tok = aengine.engine.tokenizer
         template = end_of_turn = None
         formats: tuple[str | None, str | None] = (None, None)
@@ -49,8 +53,13 @@ class AppState:
             found = default_parsers(None if template.builtin else template.source_for(True))
             formats = tuple(found[k] if name == AUTO else None if name == NONE else name
                             for k, name in enumerate((reasoning_parser, tool_parser)))
-        return cls(aengine, model_name, metrics, template, end_of_turn,
+        return cls(aengine, names, metrics, template, end_of_turn,
                    dict(template_kwargs or {}), *formats)
+
+    @property
+    def model_name(self) -> str:
+        """The name answers report."""
+        return self.model_names[0]
 
     @property
     def engine(self) -> Engine:
@@ -65,8 +74,9 @@ class AppState:
         return self.aengine.engine.max_model_len
 
     def check_model(self, name: str | None) -> None:
-        """A request naming another model is a 404 (naming none is fine)."""
-        if name is not None and name != self.model_name:
+        """A request naming a model this server does not serve under any of its names is a
+        404 (naming none is fine)."""
+        if name is not None and name not in self.model_names:
+            served = ", ".join(repr(n) for n in self.model_names)
             raise APIError(404, f"model {name!r} does not exist (this server serves "
-                           f"{self.model_name!r})", "model", "not_found_error",
-                           "model_not_found")
+                           f"{served})", "model", "not_found_error", "model_not_found")

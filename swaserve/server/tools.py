@@ -26,6 +26,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from swaserve.sampling.json_bounds import check_schema_size
 from swaserve.server.errors import APIError
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
@@ -51,11 +52,16 @@ def plan_tools(body) -> ToolPlan | None:
     if not tools:
         raise APIError(400, "tool_choice: needs tools", "tool_choice")
     params: dict[str, dict] = {}
-    for t in tools:
+    for i, t in enumerate(tools):
         if t.function.name in params:
             raise APIError(400, f"tools: the function name {t.function.name!r} is used twice",
                            "tools")
         params[t.function.name] = t.function.parameters or NO_ARGUMENTS
+        where = f"tools.{i}.function.parameters"
+        try:  # the template writes it and a call's grammar compiles it: bounded before both
+            check_schema_size(params[t.function.name], where)
+        except ValueError as e:
+            raise APIError(400, str(e), where) from None
     specs = [t.model_dump(exclude_none=True) for t in tools]
     if choice == "auto":
         return ToolPlan("auto", params, specs)
@@ -152,7 +158,7 @@ def template_messages(messages: list[dict], plan: ToolPlan | None,
             names[c["id"]] = c["function"]["name"]
             try:
                 c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass  # kept as the text it was
         if builtin and calls:
             written = [json.dumps({"name": c["function"]["name"],

@@ -49,9 +49,20 @@ def test_served_model_name_is_kept_as_given():
     from swaserve.cli.serve import server_options
 
     ns = build_parser().parse_args(["serve", "org/name", "--served-model-name", "mine"])
-    assert server_options(ns).served_model_name == "mine"
+    assert server_options(ns).served_model_name == ("mine",)
+    ns = build_parser().parse_args(["serve", "org/name", "--served-model-name", "a", "b/c"])
+    assert server_options(ns).served_model_name == ("a", "b/c")
     ns = build_parser().parse_args(["serve", "org/name"])
-    assert server_options(ns).served_model_name is None  # the factory names it org/name
+    assert server_options(ns).served_model_name == ()  # the factory names it org/name
+
+
+def test_allowed_origins_repeat_or_split_on_commas():
+    from swaserve.cli.serve import server_options
+
+    ns = build_parser().parse_args(["serve", "m", "--allowed-origins", "https://a.io, http://b",
+                                    "--allowed-origins", "*"])
+    assert server_options(ns).allowed_origins == ("https://a.io", "http://b", "*")
+    assert server_options(build_parser().parse_args(["serve", "m"])).allowed_origins == ()
 
 
 def test_hub_error_is_one_line_without_traceback(tmp_path):

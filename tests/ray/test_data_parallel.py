@@ -27,6 +27,7 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
 KEY = "dp-test-key"
+NAMES, ORIGIN = ("dp-model", "dp-alias"), "https://app.example.com"
 APP = "swaserve"
 ENGINE = f"{APP}-engine"
 WORDS = ("river stone cloud paper garden window music field light harbor forest engine "
@@ -44,8 +45,9 @@ def base():
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = EngineConfig(kv_memory="256MiB", max_model_len=4096)
-        serve.run(build_app(config, ServerOptions(api_key=KEY), num_replicas=2,
-                            replica_cpus=1), name=APP, route_prefix="/")
+        options = ServerOptions(api_key=KEY, served_model_name=NAMES, allowed_origins=(ORIGIN,))
+        serve.run(build_app(config, options, num_replicas=2, replica_cpus=1), name=APP,
+                  route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         if ray.is_initialized():  # the CLI test ends this cluster before it starts its own
@@ -85,9 +87,27 @@ def test_completions_streams_and_errors_through_the_replicas(base, client):
     with pytest.raises(openai.BadRequestError) as e:  # the replica's own validation
         client.completions.create(model=model, prompt="hi", temperature=-1)
     assert e.value.body["param"] == "temperature"
-    r = httpx.post(base + "/v1/completions", json={"prompt": "hi"})  # the ingress's guard
+    r = httpx.post(base + "/v1/completions", json={"prompt": "hi"},  # the ingress's guard
+                   headers={"Origin": ORIGIN})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert r.headers["access-control-allow-origin"] == ORIGIN
     assert httpx.get(base + "/health").json() == {"status": "ok"}
+
+
+def test_served_names_and_cors_through_the_ingress(base, client):
+    assert [m.id for m in client.models.list().data] == list(NAMES)
+    assert client.models.retrieve(NAMES[1]).id == NAMES[1]
+    a = client.completions.create(model=NAMES[1], prompt="Hi", max_tokens=2)
+    assert a.model == NAMES[0]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="Hi", max_tokens=2)
+    r = httpx.options(base + "/v1/chat/completions", headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.get(base + "/v1/models", headers={"Origin": ORIGIN,
+                                                "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
 
 
 def test_a_shared_prefix_is_served_from_the_replica_that_holds_it(client):

@@ -257,6 +257,10 @@ def test_server_options_name_their_bad_values():
     for kw, name in (({"max_waiting": 0}, "max_waiting"),
                      ({"max_request_bytes": -5}, "max_request_bytes"),
                      ({"request_timeout": 0}, "request_timeout"),
-                     ({"shutdown_timeout": -1.0}, "shutdown_timeout")):
+                     ({"shutdown_timeout": -1.0}, "shutdown_timeout"),
+                     ({"served_model_name": ("a", "")}, "served_model_name"),
+                     ({"allowed_origins": [3]}, "allowed_origins")):
         with pytest.raises(ValueError, match=name):
             ServerOptions(**kw)
+    assert ServerOptions(served_model_name="one").served_model_name == ("one",)
+    assert ServerOptions(served_model_name=["a", "b"]).served_model_name == ("a", "b")

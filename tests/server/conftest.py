@@ -5,8 +5,28 @@ test_server_resilience.py beside a live stream), and the tiny chat models
 
 from __future__ import annotations
 
+import json
+
 from tests.server.chat_models import gpt_oss_chat, qwen3_chat  # noqa: F401  (fixtures)
 
+
+def nested_schema(levels: int) -> dict:
+    """An object schema `levels` objects deep (twice as many JSON levels)."""
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def nested_value(levels: int) -> list:
+    value: list = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+_DEEP, _HI = nested_schema(300), [{"role": "user", "content": "x"}]
+_WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6000)}}
 BAD = [  # (route, body, param named in the error)
     ("completions", {"prompt": "", "max_tokens": 4}, "prompt"),
     ("completions", {"prompt": [], "max_tokens": 4}, "prompt"),
@@ -80,6 +100,24 @@ BAD = [  # (route, body, param named in the error)
     ("responses", {"input": "hi", "temperature": "hot"}, "temperature"),
     ("responses", {"input": "hi", "store": True}, "store"),
     ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    # schemas past the bounds (json_bounds.py), and data nesting past what a render takes
+    ("completions", {"prompt": "hi", "json_schema": _DEEP}, "json_schema"),
+    ("completions", {"prompt": "hi", "guided_json": json.dumps(_DEEP)}, "json_schema"),
+    ("completions", {"prompt": "hi", "json_schema": _WIDE}, "json_schema"),
+    ("chat/completions", {"messages": _HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": _DEEP}}}, "response_format"),
+    ("chat/completions", {"messages": _HI, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": _DEEP}}]},
+     "tools.0.function.parameters"),
+    ("chat/completions", {"messages": _HI, "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "f"}},
+        {"type": "function", "function": {"name": "g", "parameters": _WIDE}}]},
+     "tools.1.function.parameters"),
+    ("chat/completions", {"messages": _HI, "chat_template_kwargs": {"x": nested_value(300)}},
+     "chat_template_kwargs"),
+    ("chat/completions", {"messages": [*_HI, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {
+            "name": "f", "arguments": json.dumps(nested_value(300))}}]}]}, "messages.1"),
 ]
 ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
     ("completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0}),

@@ -13,7 +13,9 @@ PATTERN = 6  # transformers' default layer pattern: five sliding layers, then a 
 
 # fields whose missing value means transformers' default, not the generic parser's
 DEFAULTS: dict[str, Any] = {
-    "sliding_window": 512, "max_position_embeddings": 131_072, "head_dim": 256,
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-6, "sliding_window": 512, "max_position_embeddings": 131_072, "head_dim": 256,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
     "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
     "attention_k_eq_v": False, "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
@@ -36,8 +38,8 @@ def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     """`cfg` with transformers' Gemma4TextConfig defaults where it has no value, and
     unsupported options refused."""
     out = dict(cfg)
-    for key, value in DEFAULTS.items():
-        if out.get(key) is None:
+    for key, value in DEFAULTS.items():  # a field written as null keeps its null (PLE off)
+        if key not in out or (key == "rope_parameters" and out[key] is None):
             out[key] = value
     n = int(out["num_hidden_layers"])
     if out.get("layer_types") is None:

@@ -57,7 +57,9 @@ def _refuse(cfg: dict[str, Any]) -> None:
                          "than run it wrong")
 
     if cfg.get("enable_moe_block"):
-        no("enable_moe_block", "the MoE block (Gemma4TextExperts, router) is not implemented")
+        for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+            if not cfg.get(field):
+                no(field, "the MoE block (enable_moe_block) needs it")
     if cfg.get("use_bidirectional_attention") is not None:
         no("use_bidirectional_attention", "only causal attention is implemented")
     if cfg["hidden_activation"] != "gelu_pytorch_tanh":

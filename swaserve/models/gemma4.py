@@ -1,4 +1,4 @@
-"""Gemma 4 text model (Gemma4ForCausalLM), dense.
+"""Gemma 4 text model (Gemma4ForCausalLM), dense and MoE.
 
 What it adds to Gemma 3's shape:
 - per-kind attention shapes: full layers with their own head size (`global_head_dim`) and
@@ -13,9 +13,9 @@ What it adds to Gemma 3's shape:
   from this step and from the source's ring or pages; such layers may have a double-wide MLP;
 - per-layer inputs: a `[vocab_size_per_layer_input, layers x P]` embedding plus a projection
   of the token embedding, one P-wide slice per layer, gated into the residual after the MLP;
-- a learned `layer_scalar` on each layer's output, and the final logits soft-capped.
-MoE layers (`enable_moe_block`) are refused when the config is read
-(checkpoint/gemma4_config.py)."""
+- a learned `layer_scalar` on each layer's output, and the final logits soft-capped;
+- MoE variants (`enable_moe_block`): routed GeGLU experts beside each layer's dense MLP,
+  both outputs normed and summed before the post-MLP norm."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ SINGLE = {
     "layer_scalar": "layer_scalar",
     "per_layer_input_gate.weight": "ple_gate", "per_layer_projection.weight": "ple_proj",
     "post_per_layer_input_norm.weight": "ple_norm",
+    # the MoE block beside the MLP (enable_moe_block)
+    "router.proj.weight": "router", "router.scale": "router_scale",
+    "router.per_expert_scale": "expert_scale", "experts.gate_up_proj": "experts_gate_up",
+    "experts.down_proj": "experts_down", "pre_feedforward_layernorm_2.weight": "ffn2_norm",
+    "post_feedforward_layernorm_1.weight": "post_ffn1_norm",
+    "post_feedforward_layernorm_2.weight": "post_ffn2_norm",
 }
 TOP = {**HF_TOP, "embed_tokens_per_layer.weight": "ple_embed",
        "per_layer_model_projection.weight": "ple_model_proj",
@@ -82,6 +88,16 @@ class Gemma4Layer(DecoderLayerBase):
             self.ple_gate = nn.Parameter(torch.empty(ple, h))
             self.ple_proj = nn.Parameter(torch.empty(h, ple))
             norms["ple_norm"] = h
+        self.moe = bool(raw.get("enable_moe_block"))
+        if self.moe:
+            e, moe_inter = int(raw["num_experts"]), int(raw["moe_intermediate_size"])
+            self.top_k = int(raw["top_k_experts"])
+            self.router = nn.Parameter(torch.empty(e, h))
+            self.router_scale = nn.Parameter(torch.empty(h))
+            self.expert_scale = nn.Parameter(torch.empty(e))
+            self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * moe_inter, h))
+            self.experts_down = nn.Parameter(torch.empty(e, h, moe_inter))
+            norms.update(ffn2_norm=h, post_ffn1_norm=h, post_ffn2_norm=h)
         for name, size in norms.items():  # multipliers as they are (no 1 + w), in float32
             setattr(self, name, nn.Parameter(torch.empty(size, dtype=torch.float32)))
         self.layer_scalar = nn.Parameter(torch.empty(1))
@@ -110,12 +126,34 @@ class Gemma4Layer(DecoderLayerBase):
         o = self.project(attn(self.index, q, k, v, ctx, scale), "o", ctx)
         x, h = add_rms_norm(x, o, self.post_attn_norm, self.ffn_norm, self.eps)
         h = self.project(gelu_tanh_mul(self.project(h, "gate_up", ctx)), "down", ctx)
+        if self.moe:  # the routed experts beside the MLP, each output normed, summed
+            h = (rms_norm(h, self.post_ffn1_norm, self.eps)
+                 + rms_norm(self.experts(x, ctx.row_block), self.post_ffn2_norm, self.eps))
         x = add_rms_norm(x, h, self.post_ffn_norm, None, self.eps)[0]
         if self.ple:
             g = F.gelu(self.project(x, "ple_gate", ctx), approximate="tanh") * ple_input
             x = add_rms_norm(x, self.project(g, "ple_proj", ctx), self.ple_norm, None,
                              self.eps)[0]
         return x * self.layer_scalar
+
+
+    def experts(self, x: torch.Tensor, row_block: int | None) -> torch.Tensor:
+        """The MoE block over the post-attention residual `x`: a router over `x` normed
+        without a multiplier (softmax, top k, renormalized, times each expert's scale), and
+        the chosen GeGLU experts over `x` normed by `ffn2_norm`."""
+        r = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        r = r * self.router_scale * x.shape[-1] ** -0.5
+        probs = torch.softmax(linear(r, self.router, row_block).float(), dim=-1)
+        weights, idx = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.expert_scale[idx]
+        h = rms_norm(x, self.ffn2_norm, self.eps)
+        out = torch.zeros_like(h)
+        for e in idx.unique().tolist():
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            y = linear(gelu_tanh_mul(linear(h[tok], self.experts_gate_up[e], row_block)),
+                       self.experts_down[e], row_block)
+            out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
+        return out
 
 
 class Gemma4ForCausalLM(CausalLM):

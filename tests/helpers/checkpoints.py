@@ -140,7 +140,7 @@ GEMMA4_TYPES = ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attent
 def write_tiny_gemma4(path, window=TINY_WINDOW, seed=0, **kw):
     """A tiny Gemma 4 text checkpoint at `path` (KV sharing, K=V full layers with a head of
     their own, per-layer inputs, double-wide MLPs and soft-capped logits unless `kw` says
-    otherwise): (path, model)."""
+    otherwise; `enable_moe_block` with its expert fields for the MoE variant): (path, model)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     args = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
@@ -157,6 +157,8 @@ def write_tiny_gemma4(path, window=TINY_WINDOW, seed=0, **kw):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(1.0, 0.3)
+            elif name.endswith(("router.scale", "per_expert_scale")):
+                p.uniform_(0.5, 1.5)
         for layer in model.model.layers:
             layer.layer_scalar.uniform_(0.5, 1.5)
     return _save(model.eval(), path)

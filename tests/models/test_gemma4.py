@@ -1,6 +1,7 @@
 """Gemma 4 text models against transformers' own Gemma4ForCausalLM, in float32 on tiny random
 checkpoints (W = 8): one with KV shared across layers, K=V full layers of their own head size,
-per-layer inputs and double-wide MLPs on the reusing layers; one with none of these. Then
+per-layer inputs and double-wide MLPs on the reusing layers; one with none of these; one
+with MoE blocks (and sharing, K=V, per-layer inputs). Then
 the KV cache and planner (reusing layers allocate and are charged nothing), `swaserve plan` on
 Gemma-4-shaped configs, and the refusals."""
 
@@ -22,6 +23,7 @@ from tests.helpers.checkpoints import write_tiny_gemma4
 TOL = 1e-4
 PLAIN = dict(num_kv_shared_layers=0, attention_k_eq_v=False, hidden_size_per_layer_input=0,
              use_double_wide_mlp=False, final_logit_softcapping=None)
+MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,12 @@ def plain(tmp_path_factory):
     return write_tiny_gemma4(tmp_path_factory.mktemp("gemma4_plain"), seed=1, **PLAIN)
 
 
-@pytest.fixture(params=["shared", "plain"])
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return write_tiny_gemma4(tmp_path_factory.mktemp("gemma4_moe"), seed=2, **MOE)
+
+
+@pytest.fixture(params=["shared", "plain", "moe"])
 def gemma4(request):
     return request.getfixturevalue(request.param)
 
@@ -202,12 +209,13 @@ def test_plan_of_gemma4_shaped_configs(tmp_path, name, cfg, capsys):
     assert ("without KV sharing" in capsys.readouterr().out) == (name == "e2b")
 
 
-@pytest.mark.parametrize("field,value", [("enable_moe_block", True),
+@pytest.mark.parametrize("field,value", [("num_experts", None),
                                          ("use_bidirectional_attention", "all"),
                                          ("hidden_activation", "silu"),
                                          ("attention_bias", True)])
 def test_unimplemented_options_are_refused_by_field(field, value):
-    cfg = _config(hidden_size=64, intermediate_size=64, num_hidden_layers=6, **{field: value})
+    cfg = _config(hidden_size=64, intermediate_size=64, num_hidden_layers=6,
+                  **{**MOE, "enable_moe_block": field == "num_experts", field: value})
     with pytest.raises(ValueError, match=field):
         ModelConfig.from_hf(cfg)
 

@@ -87,6 +87,38 @@ def test_batched_decode_of_mixed_lengths_is_each_alone_and_greedy_is_transformer
                    for i, lg in enumerate(logs)) < TOL
 
 
+def test_bf16_through_the_attention_kernels_is_as_near_as_transformers_bf16(tmp_path,
+                                                                             monkeypatch):
+    """bf16 on the CPU: heads of 32 (sliding) and 64 (full) go through the C decode and
+    prompt attention kernels; the logits are no further from transformers' float32 ones
+    than transformers' own bf16 model is, on the same tokens."""
+    import copy
+
+    from swaserve.kernels import attention as kernel
+    from swaserve.models import attention as backend
+
+    path, ref = write_tiny_gemma4(tmp_path, head_dim=32, global_head_dim=64,
+                                  num_attention_heads=2)
+    ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16)
+    ran = []
+    real = kernel.decode_attention_bf16
+
+    def decode(*a, **k):
+        ran.append(real(*a, **k))
+        return ran[-1]
+    monkeypatch.setattr(backend, "decode_attention_bf16", decode)
+    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=i) for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for p, (tokens, logs) in zip(prompts, run(tiny_engine(path, dtype="bfloat16"), prompts,
+                                              params)):
+        want, theirs = hf_logits(ref, p + tokens), hf_logits(ref_bf16, p + tokens)
+        rows = range(len(p) - 1, len(p) - 1 + len(logs))
+        ours = max((lg.float() - want[r]).abs().max().item() for lg, r in zip(logs, rows))
+        hf = max((theirs[r] - want[r]).abs().max().item() for r in rows)
+        assert ours <= 1.5 * hf + 0.02
+    assert ran and (kernel.entry() is None or all(o is not None for o in ran))
+
+
 def test_prefix_hit_equals_a_cold_run(shared):
     path, _ = shared
     eng = tiny_engine(path, chunk_size=7)

@@ -40,7 +40,6 @@ class LayerSpec:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 
-
     @property
     def stores_kv(self) -> bool:
         return self.kv_source is None

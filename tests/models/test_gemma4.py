@@ -198,6 +198,26 @@ def test_reusing_layers_write_nothing(shared, monkeypatch):
     assert len(writes) == 5  # one step: each storing layer once
 
 
+def test_a_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Gemma4ForConditionalGeneration: the text model's weights under
+    model.language_model., the vision tower's left unread."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    write_tiny_gemma4(tmp_path / "text")
+    text = json.loads((tmp_path / "text" / "config.json").read_text())
+    vision = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(3)
+    ref = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision,
+                                                      audio_config=None)).eval()
+    ref.save_pretrained(str(tmp_path / "mm"))
+    prompt = random_prompt(3 * W + 5, seed=6)
+    tokens, logs = run(tiny_engine(str(tmp_path / "mm")), [prompt], GREEDY)[0]
+    want = hf_logits(ref, prompt + tokens)
+    assert max((lg - want[len(prompt) - 1 + i]).abs().max().item()
+               for i, lg in enumerate(logs)) < TOL
+
+
 def _config(**kw) -> dict:
     return {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
             "vocab_size": 262_144, "num_attention_heads": 8, **kw}

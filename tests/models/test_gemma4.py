@@ -119,12 +119,13 @@ def test_bf16_through_the_attention_kernels_is_as_near_as_transformers_bf16(tmp_
     assert ran and (kernel.entry() is None or all(o is not None for o in ran))
 
 
-def test_prefix_hit_equals_a_cold_run(shared):
+@pytest.mark.parametrize("cut", [5 * W, 5 * W + 3])  # at a page boundary, and between two
+def test_prefix_hit_equals_a_cold_run(shared, cut):
     path, _ = shared
     eng = tiny_engine(path, chunk_size=7)
     p = random_prompt(6 * W, seed=70)
     run(eng, [p], GREEDY)
-    q = p[:5 * W + 1] + random_prompt(4, seed=71)
+    q = p[:cut] + random_prompt(4, seed=71)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     req = eng.add_request(q, params)[0]
     eng.logits_log = []

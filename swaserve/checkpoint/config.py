@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from swaserve.checkpoint import gemma4_config
 from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 
 
@@ -38,6 +39,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    # per layer, where layers differ (Gemma 4); empty: every layer has the shapes above
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    kv_sources: tuple[int | None, ...] = ()  # the layer whose KV a layer reuses (None: own)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -45,20 +50,47 @@ class ModelConfig:
         scalar = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
         return 1.0 / math.sqrt(scalar)
 
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def kv_source_of(self, layer: int) -> int | None:
+        return self.kv_sources[layer] if self.kv_sources else None
+
+    def kind_head_dim(self, sliding: bool) -> int:
+        """The head size of the layers of one kind (the size its RoPE table has)."""
+        kind = "sliding" if sliding else "full"
+        return next((self.head_dim_of(i) for i, t in enumerate(self.layer_types) if t == kind),
+                    self.head_dim)
+
+    @property
+    def uniform_attention(self) -> bool:
+        """Every layer has the same attention shape and stores its own KV."""
+        return (len(set(self.layer_head_dims)) <= 1 and len(set(self.layer_kv_heads)) <= 1
+                and not any(s is not None for s in self.kv_sources))
+
     def cache_layout(self) -> CacheLayout:
         specs = []
-        for kind in self.layer_types:
-            if kind == "sliding":
-                specs.append(LayerSpec(LayerKind.SLIDING, self.num_kv_heads, self.head_dim,
-                                       window=self.sliding_window))
-            else:
-                specs.append(LayerSpec(LayerKind.FULL, self.num_kv_heads, self.head_dim))
+        for i, kind in enumerate(self.layer_types):
+            sliding = kind == "sliding"
+            specs.append(LayerSpec(LayerKind.SLIDING if sliding else LayerKind.FULL,
+                                   self.kv_heads_of(i), self.head_dim_of(i),
+                                   window=self.sliding_window if sliding else None,
+                                   kv_source=self.kv_source_of(i)))
         return CacheLayout(tuple(specs))
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         if "text_config" in cfg:  # multimodal wrapper: serve its text model
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+        per_layer: dict[str, Any] = {}
+        if gemma4_config.is_gemma4(cfg):
+            cfg = gemma4_config.with_defaults(cfg)
+            dims, kv_heads = gemma4_config.layer_shapes(cfg)
+            per_layer = dict(layer_head_dims=dims, layer_kv_heads=kv_heads,
+                             kv_sources=gemma4_config.kv_sources(cfg))
         n = int(cfg["num_hidden_layers"])
         layer_types, window = _layer_types(cfg, n)
         rope = _rope(cfg)
@@ -91,15 +123,18 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=cfg.get("pad_token_id"),
+            **per_layer,
             raw=dict(cfg),
         )
 
 
 def _architecture(cfg: dict[str, Any]) -> str:
-    """The HF architecture name (a Gemma 3 multimodal checkpoint serves its text model)."""
+    """The HF architecture name (a Gemma 3 or 4 multimodal checkpoint serves its text model)."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else cfg.get("model_type", "?")
-    return "Gemma3ForCausalLM" if arch == "Gemma3ForConditionalGeneration" else arch
+    text_models = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+                   "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
+    return text_models.get(arch, arch)
 
 
 def _layer_types(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], int | None]:

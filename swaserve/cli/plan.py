@@ -39,23 +39,34 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     tp = config.tensor_parallel_size
     layout = local_config(cfg, tp).cache_layout()
     budget = config.kv_memory_bytes
-    acc = compare_accounting(layout, budget, DTYPE_BYTES[config.dtype], context=context,
-                             chunk_size=config.step_tokens, page_size=config.page_size,
-                             max_running_requests=config.max_running_requests,
-                             swa_ratio=swa_ratio)
+
+    def accounting(lay) -> dict:
+        acc = compare_accounting(lay, budget, DTYPE_BYTES[config.dtype], context=context,
+                                 chunk_size=config.step_tokens, page_size=config.page_size,
+                                 max_running_requests=config.max_running_requests,
+                                 swa_ratio=swa_ratio)
+        return {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
+                for k, a in acc.items()}
+
+    shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers}
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
+                   # layers that read another layer's KV and store none (Gemma 4)
+                   "reusing": list(layout.reusing_layers),
+                   "kv_shape": shapes,  # [KV heads, head size] of each kind's layers
                    "window": layout.max_window or None,
                    "ring": layout.ring_size(config.step_tokens, config.page_size),
                    # slots a ring adds for a draft that writes more than a chunk
                    "draft_allowance": (layout.ring_size(config.step_tokens, config.page_size)
                                        - layout.ring_size(config.chunk_size, config.page_size)),
                    "step_tokens": config.step_tokens},
-        "accounting": {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
-                       for k, a in acc.items()},
+        "accounting": accounting(layout),
+        # as if every layer stored its own KV: what sharing saves, side by side
+        "without_kv_sharing": (accounting(layout.without_sharing())
+                               if layout.reusing_layers else None),
     }
 
 
@@ -74,13 +85,25 @@ def run(args: argparse.Namespace) -> int:
     if rep["tensor_parallel_size"] > 1:
         print(f"per rank of {rep['tensor_parallel_size']}: {rep['kv_heads_per_rank']} KV heads "
               f"a layer, the budget above on each rank")
+    if lay["reusing"]:
+        print(f"KV shared: layers {lay['reusing']} reuse an earlier layer's KV and store none")
+    if len({tuple(v) for v in lay["kv_shape"].values()}) > 1:
+        print("KV heads x head size: " + ", ".join(f"{k} {h} x {d}"
+                                                   for k, (h, d) in lay["kv_shape"].items()))
+    _table(rep["accounting"], rep["context"])
+    if rep["without_kv_sharing"] is not None:
+        print("without KV sharing (every layer storing its own KV):")
+        _table(rep["without_kv_sharing"], rep["context"])
+    return 0
+
+
+def _table(acc: dict, context: int) -> None:
     cols = ["ring", "token_scaled", "full_history"]
     rows = [("bytes per token", "bytes_per_token", "{:,.0f}"),
             ("fixed bytes per request", "fixed_bytes_per_request", "{:,}"),
             ("bytes per request at context", "bytes_per_request_at_context", "{:,}"),
             ("full-pool tokens", "full_pool_tokens", "{:,}"),
-            (f"max concurrent {rep['context']}-token requests", "max_concurrent_requests", "{:,}")]
+            (f"max concurrent {context}-token requests", "max_concurrent_requests", "{:,}")]
     print(f"{'':42}" + "".join(f"{c:>16}" for c in cols))
     for label, key, fmt in rows:
-        print(f"{label:42}" + "".join(f"{fmt.format(rep['accounting'][c][key]):>16}" for c in cols))
-    return 0
+        print(f"{label:42}" + "".join(f"{fmt.format(acc[c][key]):>16}" for c in cols))

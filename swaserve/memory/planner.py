@@ -3,6 +3,8 @@
 Ring accounting charges what windowed storage really uses:
 - fixed, per request row: `ring * sum_sliding(kv bytes/token)` plus any per-request state;
 - per token: `sum_full(kv bytes/token)` only.
+Sums run over the layers that store KV, each at its own shape: a layer that reuses another
+layer's KV (Gemma 4's shared layers) is charged nothing.
 Full-pool tokens = (budget - rows * fixed) / per-token bytes, rounded down to whole pages.
 `compare_accounting` puts this beside token-scaled accounting (sliding layers charged per
 token, as engines that pool SWA KV by token do) and full-history storage (no windowing).
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
-from swaserve.memory.layout import CacheLayout, LayerKind
+from swaserve.memory.layout import CacheLayout
 
 MAX_DEFAULT_ROWS = 256
 DEFAULT_KV_MEMORY = 1024**3
@@ -54,11 +56,14 @@ class MemoryPlan:
 
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
-    return sum(s.kv_bytes_per_token(dtype_bytes) for s in layout.layers if s.kind is LayerKind.FULL)
+    """KV bytes a token costs in the full layers that store it (each at its own shape; a
+    layer that reuses another's KV costs nothing)."""
+    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
 
 
 def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
-    return sum(s.kv_bytes_per_token(dtype_bytes) for s in layout.layers if s.kind is LayerKind.SLIDING)
+    """The same over the sliding layers that store KV."""
+    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.sliding_layers)
 
 
 def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,

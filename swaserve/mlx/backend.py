@@ -44,6 +44,8 @@ class MLXBackend:
         from swaserve.mlx.cache import MLXKV
         from swaserve.mlx.model import MLXCausalLM
 
+        if not model.runs_on_mlx:
+            raise ValueError(f"device: mlx does not run {model.cfg.architecture} yet")
         quant = load_q8_weights(source, model.cfg.num_layers) if self.quantized else None
         self.mlx_model = MLXCausalLM(model, MLXKV(cache, cache.dtype), quant)
         return self.mlx_model

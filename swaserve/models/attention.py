@@ -2,7 +2,9 @@
 
 `AttentionBackend` is the seam; `SDPABackend` (torch scaled_dot_product_attention) is the
 default and runs on CPU and CUDA alike. Each layer first writes its new K/V into its pool,
-then attends group by group as the ForwardContext describes. In bf16 on the CPU two C
+then attends group by group as the ForwardContext describes. A layer that reuses another's
+KV (CacheLayout: `kv_source`) is handed that layer's K/V of the step and writes nothing: it
+reads the source's buffers at the same slots. In bf16 on the CPU two C
 kernels take over (kernels/attention.py): one query per sequence (the decode rows) reads the
 keys where the cache holds them; a sequence's prompt chunk (on AVX-512 BF16)
 runs its tiles of queries over the key blocks its mask leaves.
@@ -47,14 +49,16 @@ class SDPABackend:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  ctx: ForwardContext, scale: float, sinks: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        kind = self.layout.layers[layer].kind
+        spec = self.layout.layers[layer]
+        kind = spec.kind
         dense = self._dense[layer]
         if kind is LayerKind.FULL:
             pool, slots = self.cache.full, ctx.full_slots
         else:
             pool, slots = self.cache.window, ctx.ring_slots
-        pool.write(dense, slots, k, v)
-        if kind is LayerKind.SLIDING and ctx.window_write is not None:
+        if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
+            pool.write(dense, slots, k, v)
+        if kind is LayerKind.SLIDING and spec.stores_kv and ctx.window_write is not None:
             idx, wslots = ctx.window_write
             self.cache.window_pages.write(dense, wslots, k[idx], v[idx])
         k_buf, v_buf = pool.k[dense], pool.v[dense]

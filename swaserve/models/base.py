@@ -1,6 +1,6 @@
 """CausalLM: what every family shares — embedding, a stack of layers, final norm, the LM
 head (its weight here, the head itself in models/head.py), and one RoPE table per layer kind
-(Gemma 3 uses another base on its sliding layers).
+(Gemma 3 uses another base on its sliding layers, Gemma 4 another head size too).
 
 A family sets `layer` (its decoder layer class), `weights` (its checkpoint name map),
 `scale_embeddings` when it multiplies embeddings by sqrt(hidden), and `fused_decode` when
@@ -39,11 +39,11 @@ class DecoderLayerBase(nn.Module):
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h, d, kvh = cfg.hidden_size, cfg.head_dim_of(index), cfg.kv_heads_of(index)
         self.index = index
         self.sliding = cfg.layer_types[index] == "sliding"
-        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_size, self.kv_size = cfg.num_heads * d, kvh * d
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, kvh, d
         self.eps = cfg.rms_norm_eps
         self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h))
         self.o = nn.Parameter(torch.empty(h, self.q_size))
@@ -88,6 +88,7 @@ class CausalLM(nn.Module):
     weights: WeightMap
     scale_embeddings = False  # Gemma multiplies embeddings by sqrt(hidden)
     fused_decode = False  # decode steps' layers in one C call (kernels/decode.c)
+    runs_on_mlx = True  # the MLX backend (mlx/model.py) has this family's layers
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -104,10 +105,12 @@ class CausalLM(nn.Module):
         self.scale = cfg.attn_scale
         self.attn: AttentionBackend | None = None
         self._fused: tuple[AttentionBackend, FusedDecode] | None = None  # for self.attn
-        full = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        full_dim, local_dim = cfg.kind_head_dim(False), cfg.kind_head_dim(True)
+        full = rope_inv_freq(full_dim, cfg.rope_theta, cfg.rope_scaling)
         local_theta = cfg.rope_local_theta or cfg.rope_theta
-        same = local_theta == cfg.rope_theta and cfg.rope_local_scaling == cfg.rope_scaling
-        local = full if same else rope_inv_freq(cfg.head_dim, local_theta, cfg.rope_local_scaling)
+        same = (local_theta == cfg.rope_theta and cfg.rope_local_scaling == cfg.rope_scaling
+                and local_dim == full_dim)
+        local = full if same else rope_inv_freq(local_dim, local_theta, cfg.rope_local_scaling)
         self.rope = {False: full, True: local}  # keyed by layer.sliding
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -216,15 +219,19 @@ class CausalLM(nn.Module):
         for sliding, (inv, s) in self.rope.items():
             same = sliding and self.rope[True] is self.rope[False]
             rope[sliding] = rope[False] if same else rope_cos_sin(ctx.positions, inv, x.dtype, s)
-        fused = self._fused_layers(x, rope, ctx)
-        if fused is not None:
-            x = fused
-        else:
-            for layer in self.layers:
-                x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
+        x = self.run_layers(x, rope, ctx)
         if ctx.score is not None:  # before the sampled rows: they reuse the head's buffer
             self.head.score(x, self.head_weight, ctx, self._final_norm)
         return self.head(self._final_norm(x[ctx.logits_indices]), self.head_weight, ctx)
+
+    def run_layers(self, x: torch.Tensor, rope: dict, ctx: ForwardContext) -> torch.Tensor:
+        """The decoder layers over the embedded rows `x` (`rope`: cos/sin by layer.sliding)."""
+        fused = self._fused_layers(x, rope, ctx)
+        if fused is not None:
+            return fused
+        for layer in self.layers:
+            x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
+        return x
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)

@@ -52,14 +52,20 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None
                   ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim / 2] and the cos/sin scale for a RoPE variant: default,
-    linear, llama3 (smoothed per-band scaling), yarn (NTK-by-parts with a ramp) or
-    freq_factors (each frequency divided by its factor: a Llama 3 GGUF's rope_freqs)."""
+    linear, llama3 (smoothed per-band scaling), yarn (NTK-by-parts with a ramp),
+    freq_factors (each frequency divided by its factor: a Llama 3 GGUF's rope_freqs) or
+    proportional (only `partial_rotary_factor` of the frequencies, at the whole head's
+    exponents; the others 0, so those dims pass unrotated)."""
     dim = head_dim
     # explicit CPU tensors: models are built under the meta device
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "default":
         return inv, 1.0
+    if kind == "proportional":  # Gemma 4: the first part of each half rotates, the rest not
+        angles = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
+        inv[angles:] = 0.0
+        return inv / float(scaling.get("factor", 1.0)), 1.0
     if kind == "freq_factors":
         return inv / torch.tensor(scaling["factors"], dtype=torch.float32, device="cpu"), 1.0
     factor = float(scaling.get("factor", 1.0))
@@ -94,7 +100,7 @@ def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None
         extrapolate = 1 - ramp
         return (inv / factor) * (1 - extrapolate) + inv * extrapolate, float(attn)
     raise ValueError(f"rope scaling {kind!r} is not supported (default, linear, llama3, yarn, "
-                     "freq_factors)")
+                     "freq_factors, proportional)")
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,

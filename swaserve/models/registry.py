@@ -6,6 +6,7 @@ import importlib
 
 _REGISTRY = {
     "Gemma3ForCausalLM": ("swaserve.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma4ForCausalLM": ("swaserve.models.gemma4", "Gemma4ForCausalLM"),
     "LlamaForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),

@@ -78,6 +78,8 @@ def load_by_map(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], w
             else:
                 layer = layers[int(target.split(".")[1])]
                 sizes = wmap.shard_sizes(layer, target.split(".", 2)[2])
+                if shard >= len(sizes):
+                    continue  # a part this layer has not (Gemma 4's KV-sharing layers' k, v)
                 start = sum(sizes[:shard])
                 if w.shape[0] != sizes[shard] or w.shape[1:] != p.shape[1:]:
                     raise ValueError(f"{name}: shape {tuple(w.shape)} does not fit {target}")

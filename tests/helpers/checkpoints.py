@@ -129,3 +129,36 @@ def write_byte_bpe_tokenizer(path, vocab: int = 320) -> int:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tk.save(os.path.join(str(path), "tokenizer.json"))
     return tk.get_vocab_size()
+
+
+# Gemma 4: full layers at 3 and 7 (the last must be full), so that with 3 shared layers
+# each kind keeps a storing layer before the reusing ones (layers 4 and 3 store for 5-7)
+GEMMA4_TYPES = ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 \
+    + ["full_attention"]
+
+
+def write_tiny_gemma4(path, window=TINY_WINDOW, seed=0, **kw):
+    """A tiny Gemma 4 text checkpoint at `path` (KV sharing, K=V full layers with a head of
+    their own, per-layer inputs, double-wide MLPs and soft-capped logits unless `kw` says
+    otherwise; `enable_moe_block` with its expert fields for the MoE variant): (path, model)."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    args = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+                num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=3,
+                hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
+                use_double_wide_mlp=True, final_logit_softcapping=30.0, sliding_window=window,
+                layer_types=list(GEMMA4_TYPES), max_position_embeddings=512, bos_token_id=2,
+                eos_token_id=1, pad_token_id=0)
+    cfg = Gemma4TextConfig(**{**args, **kw})
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(cfg)
+    with torch.no_grad():  # multipliers and scalars away from 1, so that each one matters
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif name.endswith(("router.scale", "per_expert_scale")):
+                p.uniform_(0.5, 1.5)
+        for layer in model.model.layers:
+            layer.layer_scalar.uniform_(0.5, 1.5)
+    return _save(model.eval(), path)

@@ -38,6 +38,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    # every layer attends both ways (EmbeddingGemma): an encoder, which embeds and does not
+    # generate; a sliding layer then sees the keys within sliding_window // 2 either side
+    bidirectional: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -91,6 +94,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=cfg.get("pad_token_id"),
+            bidirectional=bool(cfg.get("use_bidirectional_attention", False)),
             raw=dict(cfg),
         )
 

@@ -86,10 +86,13 @@ class Embedder:
     def has_work(self) -> bool:
         return bool(self._queue)
 
-    def cancel(self, job: EmbedJob) -> None:
-        """Drop a job whose caller went away (its `done` is not called)."""
-        if job in self._queue:
-            self._queue.remove(job)
+    def fail_all(self, error: RequestError) -> None:
+        """End every queued job with `error` (the engine is stopping)."""
+        jobs, self._queue = list(self._queue), deque()
+        for job in jobs:
+            job.error = error
+            if job.done is not None:
+                job.done(job)
 
     def step(self) -> list[EmbedJob]:
         """Run one slice; returns the jobs that finished or failed in it."""

@@ -238,13 +238,19 @@ class Engine:
         if self.embedder is None:
             raise ValueError("input: embeddings are not available with tensor parallelism "
                              "or the mlx device")
-        return self.embedder.add([self.intake.tokenize(p) for p in prompts], done)
+        return self.embedder.add(self._embedding_ids(prompts), done)
 
     def embed(self, prompts: list[str | list[int]]) -> list[list[float]]:
         """The prompts' embeddings now (the offline path; no generation step runs)."""
         if self.embedder is None:
             self.add_embedding(prompts)  # raises why
-        return self.embedder.embed([self.intake.tokenize(p) for p in prompts])
+        return self.embedder.embed(self._embedding_ids(prompts))
+
+    def _embedding_ids(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        try:
+            return [self.intake.tokenize(p) for p in prompts]
+        except ValueError as e:  # the embeddings API calls its prompts `input`
+            raise ValueError(str(e).replace("prompt:", "input:", 1)) from e
 
     def abort(self, request_id: str) -> None:
         req = self.requests.get(request_id)

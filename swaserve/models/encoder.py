@@ -98,6 +98,9 @@ class Pooler:
     dense: tuple[DenseLayer, ...] = ()
     normalize: bool = True
     hidden_size: int = 0
+    # its vectors may be shortened (`truncate`): the checkpoint is a sentence-transformers
+    # embedding model, whose leading dimensions are trained to stand alone
+    matryoshka: bool = False
 
     @classmethod
     def build(cls, cfg: ModelConfig, modules: SentenceModules | None, pooling: str | None,
@@ -109,12 +112,12 @@ class Pooler:
             raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
         if modules is None:
             default = "mean" if cfg.bidirectional else "last"
-            return cls(pooling or default, (), True, cfg.hidden_size)
+            return cls(pooling or default, (), True, cfg.hidden_size, False)
         dense = tuple(DenseLayer(d.weight.to(device),
                                  None if d.bias is None else d.bias.to(device), d.activation)
                       for d in modules.dense)
         mode = pooling or modules.pooling or ("mean" if cfg.bidirectional else "last")
-        return cls(mode, dense, modules.normalize, cfg.hidden_size)
+        return cls(mode, dense, modules.normalize, cfg.hidden_size, True)
 
     @property
     def dimensions(self) -> int:

@@ -1,8 +1,9 @@
 """The HTTP app (FastAPI): one server's routes, by API surface, over the shared request
 lifecycle (lifecycle.py), and its errors.
 
-Routes: routes_openai.py (models, completions, chat), routes_tokens.py (/tokenize,
-/detokenize, /tokenizer_info), routes_admin.py (/health, /metrics). Every error leaves as
+Routes: routes_openai.py (models, completions, chat), routes_embeddings.py
+(/v1/embeddings), routes_tokens.py (/tokenize, /detokenize, /tokenizer_info),
+routes_admin.py (/health, /metrics). Every error leaves as
 `{"error": {message, type, param, code}}` (OpenAI's shape) unless its path belongs to a
 surface in `_ERROR_BODIES`; a failure of one request inside the engine reaches that request
 only: a 5xx body, or in a stream an error event and then the stream's end.
@@ -19,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swaserve.server import routes_admin, routes_openai, routes_tokens
+from swaserve.server import routes_admin, routes_embeddings, routes_openai, routes_tokens
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, validation_error
 from swaserve.server.guard import Guard
@@ -52,6 +53,7 @@ def create_app(aengine: AsyncEngine, model_name: str, api_key: str | None = None
     routes_admin.add_routes(app, state)
     routes_openai.add_routes(app, state)
     routes_tokens.add_routes(app, state)
+    routes_embeddings.add_routes(app, state)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
                        public_paths=public_paths,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())

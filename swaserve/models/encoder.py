@@ -85,7 +85,7 @@ class Encoder:
         ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(len(p), device=self.device) for p in prompts])
         ctx = ForwardContext(ids, positions, None, None, groups,
-                             logits_indices=torch.empty(0, dtype=torch.long))
+                             logits_indices=torch.empty(0, dtype=torch.long, device=self.device))
         hidden = self.model.encode(ctx, self.attn)
         return list(hidden.split([len(p) for p in prompts]))
 

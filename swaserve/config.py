@@ -142,6 +142,11 @@ class EngineConfig:
         "help": "the rendezvous host (node 0; default MASTER_ADDR or this machine)"})
     master_port: int | None = field(default=None, metadata={
         "help": "the rendezvous port (default MASTER_PORT, or a free one on one machine)"})
+    pooling: str | None = field(default=None, metadata={
+        "help": "embeddings: 'mean', 'last' (token) or 'cls' (first token) pooling of a "
+                "prompt's hidden states (default: the sentence-transformers Pooling module "
+                "beside the checkpoint, else mean for a bidirectional model and last for a "
+                "decoder)"})
     seed: int = field(default=0, metadata={"help": "seed of the engine's generator for unseeded sampling"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     adaptive_threads: bool = field(default=True, metadata={
@@ -152,6 +157,8 @@ class EngineConfig:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.device not in ("cpu", "cuda", "mlx") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device: expected 'cpu', 'cuda' or 'mlx', got {self.device!r}")
+        if self.pooling not in (None, "mean", "last", "cls"):
+            raise ValueError(f"pooling: expected 'mean', 'last' or 'cls', got {self.pooling!r}")
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
         for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",

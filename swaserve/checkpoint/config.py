@@ -43,6 +43,9 @@ class ModelConfig:
     layer_head_dims: tuple[int, ...] = ()
     layer_kv_heads: tuple[int, ...] = ()
     kv_sources: tuple[int | None, ...] = ()  # the layer whose KV a layer reuses (None: own)
+    # every layer attends both ways (EmbeddingGemma): an encoder, which embeds and does not
+    # generate; a sliding layer then sees the keys within sliding_window // 2 either side
+    bidirectional: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -124,6 +127,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             pad_token_id=cfg.get("pad_token_id"),
             **per_layer,
+            bidirectional=bool(cfg.get("use_bidirectional_attention", False)),
             raw=dict(cfg),
         )
 

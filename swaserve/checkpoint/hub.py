@@ -18,6 +18,9 @@ DEFAULT_GGUF_TAG = "Q4_K_M"
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 HF_SIDE_FOLDERS = ("additional_chat_templates/",)
+# a sentence-transformers embedding model's modules (checkpoint/sentence.py)
+SENTENCE_FILES = ("modules.json",)
+SENTENCE_MODULE = re.compile(r"\d+_\w+/(config\.json|model\.safetensors)")
 # transformers' own names for a safetensors checkpoint, which repos that also carry
 # another layout (Mistral's consolidated.safetensors) are told apart by
 TRANSFORMERS_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
@@ -72,6 +75,7 @@ def pick_files(ref: HubRef, files: list[str]) -> tuple[list[str], str | None]:
     if ref.tag is None and weights:
         own = [f for f in weights if TRANSFORMERS_WEIGHTS.fullmatch(f)]
         side = [f for f in files if f in HF_SIDE_FILES or f.startswith(HF_SIDE_FOLDERS)
+                or f in SENTENCE_FILES or SENTENCE_MODULE.fullmatch(f)
                 or (f.endswith(".safetensors.index.json") and "/" not in f)]
         return sorted(side + (own or weights)), None
     if not ggufs:

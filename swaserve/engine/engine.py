@@ -36,6 +36,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -47,6 +48,7 @@ from swaserve.config import TORCH_DTYPES, EngineConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.distributed.workers import TensorParallel, threads_per_rank
 from swaserve.engine.backend import backend_for
+from swaserve.engine.embedder import EmbedJob, build_embedder
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.forks import ForkGroups
 from swaserve.engine.intake import Intake
@@ -62,6 +64,7 @@ from swaserve.engine.stats import EngineStats, StepStats
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache, KVLost
 from swaserve.memory.planner import plan_kv
+from swaserve.models.base import CausalLM
 from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
@@ -90,6 +93,11 @@ class Engine:
         self._build_memory(config)
         self._build_stages(config)
         self._build_step_loop(config, threads)
+        # embeddings through the torch model on this process (not under tensor parallelism
+        # nor another backend, whose forward is not the torch one)
+        self.embedder = (build_embedder(self.model, self.source, config, self.device,
+                                        self.max_model_len)
+                         if self.tp is None and isinstance(self.model, CausalLM) else None)
         self.load_seconds = time.monotonic() - t0
         self.last_step: StepStats | None = None
         # diagnostics: when a list, every sampled logits row is appended as
@@ -210,6 +218,9 @@ class Engine:
         """Queue a prompt; returns its n completions' requests (all must finish). Raises
         ValueError naming the parameter (token ids against this vocabulary, the prompt,
         the request id); SamplingParams checked the rest when it was made."""
+        if self.whole_model_config.bidirectional:
+            raise ValueError("model: an embedding model (bidirectional attention) embeds "
+                             "prompts and does not generate")
         reqs = self.intake.requests(prompt, params or SamplingParams(), request_id, grammar,
                                     self.requests)
         self.scheduler.add(reqs[0])
@@ -219,6 +230,28 @@ class Engine:
         self.forks.add(reqs)
         return reqs
 
+    def add_embedding(self, prompts: list[str | list[int]],
+                      done: Callable[[EmbedJob], None] | None = None) -> EmbedJob:
+        """Queue prompts to embed: each step runs a slice of them (engine/embedder.py) and
+        `done` is called when all have their vectors or the job failed. Raises ValueError
+        naming `input`."""
+        if self.embedder is None:
+            raise ValueError("input: embeddings are not available with tensor parallelism "
+                             "or the mlx device")
+        return self.embedder.add(self._embedding_ids(prompts), done)
+
+    def embed(self, prompts: list[str | list[int]]) -> list[list[float]]:
+        """The prompts' embeddings now (the offline path; no generation step runs)."""
+        if self.embedder is None:
+            self.add_embedding(prompts)  # raises why
+        return self.embedder.embed(self._embedding_ids(prompts))
+
+    def _embedding_ids(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        try:
+            return [self.intake.tokenize(p) for p in prompts]
+        except ValueError as e:  # the embeddings API calls its prompts `input`
+            raise ValueError(str(e).replace("prompt:", "input:", 1)) from e
+
     def abort(self, request_id: str) -> None:
         req = self.requests.get(request_id)
         if req is None or req.is_finished:
@@ -226,7 +259,8 @@ class Engine:
         self.forks.abort(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self._inflight is not None
+        return (self.scheduler.has_work() or self._inflight is not None
+                or (self.embedder is not None and self.embedder.has_work()))
 
     def settle(self) -> None:
         """Finish the step in flight, so that finished requests' memory is released."""
@@ -255,6 +289,8 @@ class Engine:
             raise
         except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
             return self._fail_step(e)
+        if self.embedder is not None and self.embedder.has_work():
+            self.embedder.step()  # its faults stay with its own requests
         if self.governor is not None and self.last_step is not None:
             self.governor.after_step(self.last_step.seconds, self.last_step.num_tokens,
                                     self.last_step.num_seqs)

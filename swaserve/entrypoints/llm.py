@@ -1,4 +1,5 @@
-"""The offline Python API: `LLM(...).generate(prompts, SamplingParams(...))`."""
+"""The offline Python API: `LLM(...).generate(prompts, SamplingParams(...))`, and
+`LLM(...).embed(prompts)` for embeddings."""
 
 from __future__ import annotations
 
@@ -117,3 +118,11 @@ class LLM:
             for r in g:
                 eng.release(r.request_id)
         return results
+
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[list[float]]:
+        """One embedding per prompt (a string or token ids), pooled as the model's
+        sentence-transformers modules or `pooling` say (engine/embedder.py)."""
+        plist = _as_prompt_list(prompts)
+        if not plist:
+            raise ValueError("prompts: at least one prompt is needed")
+        return self.engine.embed(plist)

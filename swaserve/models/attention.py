@@ -101,12 +101,12 @@ class SDPABackend:
                 if view.fresh and view.mask is not None and window is not None:
                     o = _banded(qg, kg, vg, view, window, sinks, scale, gqa)
                 else:
-                    o = _attend(qg, kg, vg, view, sinks, scale, gqa)
+                    o = attend(qg, kg, vg, view, sinks, scale, gqa)
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor | None,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor | None,
             scale: float, gqa: bool) -> torch.Tensor:
     """q [B, H, Nq, D] over k, v [B, KVH, L, D] as `view` masks them."""
     if sinks is not None:
@@ -128,14 +128,14 @@ def _banded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, window: int
     and give masked-out keys nothing but time."""
     n = q.shape[2]
     if n <= BAND_QUERIES + window:
-        return _attend(q, k, v, view, sinks, scale, gqa)
+        return attend(q, k, v, view, sinks, scale, gqa)
     outs = []
     for i0 in range(0, n, BAND_QUERIES):
         i1 = min(n, i0 + BAND_QUERIES)
         k0 = max(0, i0 - window + 1)
         block = KeyView(fresh=True, causal=False, key_slots=None,
                         mask=view.mask[..., i0:i1, k0:i1])
-        outs.append(_attend(q[:, :, i0:i1], k[:, :, k0:i1], v[:, :, k0:i1], block, sinks,
+        outs.append(attend(q[:, :, i0:i1], k[:, :, k0:i1], v[:, :, k0:i1], block, sinks,
                             scale, gqa))
     return torch.cat(outs, dim=2)
 

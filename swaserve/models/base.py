@@ -212,13 +212,7 @@ class CausalLM(nn.Module):
         tensor-parallel rank past 0. Logits are in the model dtype: the sampler widens them
         to float32 only where it edits or samples (a greedy batch takes the argmax of the
         bf16 values, which is the argmax of their float32 copies)."""
-        x = self._embed(ctx.input_ids)
-        if self.scale_embeddings:
-            x = x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
-        rope = {}
-        for sliding, (inv, s) in self.rope.items():
-            same = sliding and self.rope[True] is self.rope[False]
-            rope[sliding] = rope[False] if same else rope_cos_sin(ctx.positions, inv, x.dtype, s)
+        x, rope = self._inputs(ctx)
         x = self.run_layers(x, rope, ctx)
         if ctx.score is not None:  # before the sampled rows: they reuse the head's buffer
             self.head.score(x, self.head_weight, ctx, self._final_norm)
@@ -232,6 +226,27 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rope[layer.sliding], ctx, self.attn, self.scale)
         return x
+
+    def encode(self, ctx: ForwardContext, attn: AttentionBackend) -> torch.Tensor:
+        """The final-normed hidden state of every row of `ctx` [T, hidden], attending
+        through `attn`: an embedding forward (models/encoder.py), which keeps no KV and
+        reads no LM head."""
+        x, rope = self._inputs(ctx)
+        for layer in self.layers:
+            x = layer(x, rope[layer.sliding], ctx, attn, self.scale)
+        return self._final_norm(x)
+
+    def _inputs(self, ctx: ForwardContext) -> tuple[torch.Tensor, dict]:
+        """The rows' embeddings (scaled where the family scales them) and the RoPE cos/sin
+        of their positions per layer kind."""
+        x = self._embed(ctx.input_ids)
+        if self.scale_embeddings:
+            x = x * torch.tensor(math.sqrt(self.cfg.hidden_size), dtype=x.dtype)
+        rope = {}
+        for sliding, (inv, s) in self.rope.items():
+            same = sliding and self.rope[True] is self.rope[False]
+            rope[sliding] = rope[False] if same else rope_cos_sin(ctx.positions, inv, x.dtype, s)
+        return x, rope
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)

@@ -7,6 +7,8 @@ import importlib
 _REGISTRY = {
     "Gemma3ForCausalLM": ("swaserve.models.gemma3", "Gemma3ForCausalLM"),
     "Gemma4ForCausalLM": ("swaserve.models.gemma4", "Gemma4ForCausalLM"),
+    # EmbeddingGemma's checkpoint: Gemma 3's layers, no LM head of its own
+    "Gemma3TextModel": ("swaserve.models.gemma3", "Gemma3ForCausalLM"),
     "LlamaForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),

@@ -2,11 +2,12 @@
 lifecycle (lifecycle.py), and its errors.
 
 Routes: routes_openai.py (models, completions, chat), routes_responses.py
-(/v1/responses, on the chat path), routes_anthropic.py (/v1/messages), routes_tokens.py
-(/tokenize, /detokenize, /tokenizer_info), routes_admin.py (/health, /metrics). Every
-error leaves as `{"error": {message, type, param, code}}` (OpenAI's shape) unless its path
-belongs to a surface in `_ERROR_BODIES`, the guard's 401 and 413 included; a failure of
-one request inside the engine reaches that request
+(/v1/responses, on the chat path), routes_anthropic.py (/v1/messages), routes_embeddings.py
+(/v1/embeddings), routes_tokens.py (/tokenize, /detokenize, /tokenizer_info),
+routes_admin.py (/health, /metrics). Every error leaves as `{"error": {message, type,
+param, code}}` (OpenAI's shape) unless its path belongs to a surface in `_ERROR_BODIES`,
+the guard's 401 and 413 included; a failure of one request inside the engine reaches that
+request
 only: a 5xx body, or in a stream an error event and then the stream's end.
 """
 
@@ -25,6 +26,7 @@ from swaserve.server import (
     anthropic_format,
     routes_admin,
     routes_anthropic,
+    routes_embeddings,
     routes_openai,
     routes_responses,
     routes_tokens,
@@ -68,6 +70,7 @@ def create_app(aengine: AsyncEngine, model_name: str | Sequence[str],
     routes_responses.add_routes(app, state)
     routes_anthropic.add_routes(app, state)
     routes_tokens.add_routes(app, state)
+    routes_embeddings.add_routes(app, state)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
                        public_paths=public_paths, shape=error_shape,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())

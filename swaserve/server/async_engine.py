@@ -19,11 +19,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from swaserve.engine.engine import Engine
-from swaserve.engine.request import FinishReason, Request
+from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.threads import release_openmp_workers
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
@@ -114,7 +114,16 @@ class _Stop:
     """Abort every request and end the engine thread."""
 
 
-_Command = _Add | _Abort | _FailAll | _Stop  # what the engine thread's inbox carries
+@dataclass(frozen=True)
+class _Embed:
+    """Queue prompts to embed (engine/embedder.py); `reply` gets their vectors or an
+    EngineError, on the engine thread."""
+
+    prompts: list[list[int]]
+    reply: Callable[[list[list[float]] | EngineError], None]
+
+
+_Command = _Add | _Abort | _FailAll | _Stop | _Embed  # what the engine thread's inbox carries
 
 
 class AsyncEngine:
@@ -186,6 +195,28 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
+    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Embed one admitted request's prompts on the engine thread, between its steps;
+        raises EngineError where it fails."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+
+        def settle(result) -> None:
+            if not answer.done():
+                (answer.set_exception if isinstance(result, Exception)
+                 else answer.set_result)(result)
+
+        def reply(result) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, result)
+            except RuntimeError:  # the client's event loop is closed: nobody is listening
+                pass
+
+        self._inbox.put(_Embed(prompts, reply))
+        if not self.alive:
+            reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
+        return await answer
+
     async def _events(self, request_id: str, stream: _Stream) -> AsyncIterator[Delta | Final]:
         finished = False
         try:
@@ -224,10 +255,13 @@ class AsyncEngine:
                     cmd = self._inbox.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(cmd, _Add):
+                if isinstance(cmd, _Add | _Embed):
                     self.cancel_admission()
-                    cmd.stream.put(EngineError(f"the engine stopped: {self.dead}",
-                                           code="engine_dead"))
+                    err = EngineError(f"the engine stopped: {self.dead}", code="engine_dead")
+                    if isinstance(cmd, _Add):
+                        cmd.stream.put(err)
+                    else:
+                        cmd.reply(err)
             return
         self._fail_all(EngineError("the server is shutting down", code="shutting_down"))
 
@@ -285,6 +319,20 @@ class AsyncEngine:
                     self.metrics.aborted.inc()
             case _FailAll(message):
                 self._fail_all(EngineError(message, code="shutting_down"))
+            case _Embed():
+                self._embed(cmd)
+
+    def _embed(self, cmd: _Embed) -> None:
+        def done(job) -> None:
+            err = job.error
+            cmd.reply(job.vectors if err is None
+                      else EngineError(err.message, err.status, err.type, err.code))
+        try:
+            self.engine.add_embedding(cmd.prompts, done)
+        except ValueError as e:
+            cmd.reply(EngineError(str(e), 400, "invalid_request_error", param=param_of(e)))
+        finally:
+            self.cancel_admission()  # it is in the embedder's queue now (or refused)
 
     def _add(self, cmd: _Add) -> None:
         rid, params, stream = cmd.request_id, cmd.params, cmd.stream
@@ -392,6 +440,9 @@ class AsyncEngine:
         return d
 
     def _fail_all(self, err: EngineError) -> None:
+        if self.engine.embedder is not None:
+            self.engine.embedder.fail_all(RequestError(err.message, err.type, err.status,
+                                                       err.code))
         for rid in list(self._streams):
             stream = self._streams[rid]
             self._abort(rid)

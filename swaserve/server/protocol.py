@@ -131,6 +131,27 @@ class CompletionRequest(_Common):
                              "list of one of them") from None
 
 
+class EmbeddingRequest(BaseModel):
+    """OpenAI's /v1/embeddings body: `input` a string, token ids, or a list of either."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: Prompt
+    model: Text | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[Integer, Field(ge=1)] | None = None
+    user: Text | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input(cls, v, handler):
+        try:
+            return handler(v)
+        except ValidationError:  # one message instead of one per member of the union
+            raise ValueError("must be a string, a list of strings, a list of token ids "
+                             "(integers >= 0), or a list of them") from None
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 

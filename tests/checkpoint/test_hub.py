@@ -53,6 +53,11 @@ def test_checkpoint_files_are_the_ones_the_engine_reads():
     wanted, gguf = pick_files(HubRef("o/x"), files)
     assert gguf is None
     assert wanted == sorted(files[:10])
+    modules = ["modules.json", "1_Pooling/config.json", "2_Dense/config.json",
+               "2_Dense/model.safetensors", "config_sentence_transformers.json",
+               "2_Dense/pytorch_model.bin"]
+    wanted, _ = pick_files(HubRef("o/x"), files + modules)
+    assert wanted == sorted(files[:10] + modules[:4])  # an embedding model's modules
 
 
 def test_hf_repo_generates_as_its_local_path(offline_cache, tiny_with_tokenizer):

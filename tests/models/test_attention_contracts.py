@@ -194,14 +194,14 @@ def test_a_long_fresh_chunk_attends_its_band_block_by_block(tiny_hybrid, monkeyp
     from swaserve.models import attention as backend
 
     monkeypatch.setattr(backend, "BAND_QUERIES", block)
-    shapes, real = [], backend._attend
+    shapes, real = [], backend.attend
 
     def spy(q, k, *args):
         if q.shape[2] > 1:  # prompt rows
             shapes.append((q.shape[2], k.shape[2]))
         return real(q, k, *args)
 
-    monkeypatch.setattr(backend, "_attend", spy)
+    monkeypatch.setattr(backend, "attend", spy)
     path, ref = tiny_hybrid
     prompt = random_prompt(4 * W + 5, seed=block)
     [(tokens, logs)] = run_logged(roomy_engine(path, chunk_size=64), [prompt], max_tokens=W)

@@ -55,6 +55,8 @@ def test_no_body_gets_a_5xx(case):
         assert isinstance(r.json()["tokens"], list)
     elif case.path == "/detokenize":
         assert isinstance(r.json()["prompt"], str)
+    elif case.path == "/v1/embeddings":
+        assert r.json()["data"]
     elif case.path == "/v1/messages/count_tokens":
         assert r.json()["input_tokens"] > 0
     elif isinstance(case.body, dict) and case.body.get("stream") is True:

@@ -1,7 +1,8 @@
 """GGUF files written the way llama.cpp's convert_hf_to_gguf.py writes them, from a tiny HF
 model of transformers' own classes and a small tokenizer: the same metadata keys, tensor
 names (gguf's own name map) and layouts (Llama's permuted q/k rows, gpt-oss's split expert
-stacks, Gemma's 1 + w norms, Llama 3's rope_freqs), tensors of the types asked for.
+stacks, Gemma 3's 1 + w norms, Llama 3's and Gemma 4's rope_freqs; Gemma 4's own keys in
+gguf_gemma4.py), tensors of the types asked for.
 
 `write_gguf` leaves the HF model holding exactly what the file holds (the dequantized
 values, put back in HF's layout), so that transformers on that model is the reference for
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tests.helpers import gguf_gemma4 as gemma4
+
 # the pre-tokenizer regexes of the tokenizers llama.cpp names by `tokenizer.ggml.pre`
 SPLITS = {
     "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -33,14 +36,15 @@ SPLITS = {
 MULTILINGUAL = ("Hello, wörld! Ça va? Grüße aus Köln. 你好，世界。 Привет, мир! こんにちは。 "
                 "안녕하세요 🚀🦙 x+y=12345 don't I'll\n\ttabs  and   spaces")
 _GGUF_ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "gpt-oss": "GPT_OSS",
-              "gemma3": "GEMMA3"}
+              "gemma3": "GEMMA3", "gemma4": "GEMMA4"}
 
 
 @dataclass
 class Vocab:
     """A tokenizer (tokenizers.Tokenizer) and what the converter writes of it: `model` is
-    "gpt2" (byte-level BPE, merges written; `pre` names its pre-tokenizer) or "llama"
-    (SentencePiece BPE with byte fallback: scores and token types instead of merges)."""
+    "gpt2" (byte-level BPE, merges written; `pre` names its pre-tokenizer), "llama"
+    (SentencePiece BPE with byte fallback: scores and token types instead of merges) or
+    "gemma4" (the same pieces, scores and types, and the merges too)."""
     tokenizer: object
     model: str
     pre: str
@@ -78,6 +82,9 @@ class Vocab:
             w.add_token_scores([0.0 if t in special or _BYTE_PIECE.fullmatch(t) else -float(i)
                                 for i, t in enumerate(tokens)])
             w.add_unk_token_id(vocab["<unk>"])
+            if self.model == "gemma4":
+                merges = json.loads(self.tokenizer.to_str())["model"]["merges"]
+                w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
             w.add_add_space_prefix(self.prefix_space)
         w.add_bos_token_id(self.bos)
         w.add_eos_token_id(self.eos)
@@ -192,6 +199,8 @@ def _convert(arch: str, cfg, name: str, w: np.ndarray, names, fuse: bool
     """The GGUF tensors the converter writes for one HF tensor, and how to get the HF tensor
     back from them."""
     base, _, suffix = name.rpartition(".")
+    if arch == "gemma4" and gemma4.gguf_name(name) is not None:
+        return [(gemma4.gguf_name(name), w)], lambda a: a[0]
     if name.endswith("self_attn.sinks"):
         return [(names.get_name(name) + ".weight", w)], lambda a: a[0]
     if ".experts." in name:  # gpt-oss: [E, in, out]-shaped HF stacks
@@ -259,6 +268,8 @@ def _metadata(w, arch: str, cfg, window: int | None) -> None:
         w.add_rope_dimension_count(cfg.head_dim)
     if arch in ("gpt-oss", "gemma3") or window:
         w.add_sliding_window(window or cfg.sliding_window)
+    if arch == "gemma4":
+        gemma4.add_metadata(w, cfg)
     if arch == "gpt-oss":
         w.add_expert_count(cfg.num_local_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -296,6 +307,8 @@ def write_gguf(path, model, arch: str, vocab: Vocab | None = None,
     import gguf
 
     cfg = model.config
+    if arch == "gemma4":  # read the generic keys as the converter does, from the top level
+        cfg.allow_global_per_layer_attribute_access = True
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_GGUF_ARCH[arch]], cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg, window)
@@ -304,7 +317,7 @@ def write_gguf(path, model, arch: str, vocab: Vocab | None = None,
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    freqs = _rope_freqs(cfg)
+    freqs = gemma4.rope_freqs(cfg) if arch == "gemma4" else _rope_freqs(cfg)
     if freqs is not None:
         w.add_tensor("rope_freqs.weight", freqs)
     restored = {}

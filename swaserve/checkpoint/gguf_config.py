@@ -4,7 +4,7 @@ reads both formats.
 The keys are the ones llama.cpp's converter writes (`<arch>.block_count`,
 `<arch>.rope.scaling.*`, `tokenizer.ggml.*_token_id`, ...). What a GGUF leaves out is each
 family's fixed design: Gemma 3's five sliding layers per full one and its local RoPE base,
-gpt-oss's alternation of sliding and full layers and its YaRN without truncation. A Llama 3
+Gemma 4's K=V full layers (told by their missing V projection), gpt-oss's alternation of sliding and full layers and its YaRN without truncation. A Llama 3
 GGUF carries its RoPE scaling as per-frequency factors (the `rope_freqs` tensor), not as
 metadata; they become a `freq_factors` RoPE (models/layers.py rope_inv_freq).
 """
@@ -17,7 +17,7 @@ from swaserve.checkpoint.gguf_meta import GGML_READABLE, GGML_TYPE_NAMES, ggml_t
 
 # GGUF architecture -> the HF architecture swaserve runs it as (Mistral GGUFs are `llama`)
 GGUF_ARCHITECTURES = {
-    "gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM", "gemma4": "Gemma4ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
 # llama.cpp's `rope.scaling.type` values -> HF rope types
 _ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
@@ -38,6 +38,8 @@ def gguf_metadata_to_hf(meta: dict[str, Any]) -> dict[str, Any]:
         value = meta.get(f"{arch}.{key}")
         return default if value is None else value
 
+    if arch == "gemma4":
+        return _gemma4(meta, g, types)
     n = int(g("block_count"))
     heads, hidden = int(g("attention.head_count")), int(g("embedding_length"))
     head_dim = int(g("attention.key_length") or g("rope.dimension_count") or hidden // heads)
@@ -152,3 +154,79 @@ def _gpt_oss(cfg: dict[str, Any], g) -> dict[str, Any]:
     if cfg.get("rope_scaling", {}).get("rope_type") == "yarn":
         cfg["rope_scaling"]["truncate"] = False
     return cfg
+
+
+def _gemma4(meta: dict[str, Any], g, types: dict[str, int]) -> dict[str, Any]:
+    """Gemma 4: per-layer lists where the layer kinds differ (KV heads, MLP widths; the full
+    layers' shapes become `per_layer_config`), sliding layers' head size and RoPE under
+    `*_swa` keys, the full layers' partial RoPE as frequency factors (1e30 on the unrotated
+    pairs: transformers' `proportional` RoPE), and K=V full layers told by their missing V
+    projection (the converter writes no key for it). The result goes through
+    gemma4_config's defaults and refusals."""
+    n = int(g("block_count"))
+    swa = g("attention.sliding_window_pattern")
+    sliding = [bool(s) for s in swa] if isinstance(swa, list) else [False] * n
+    layer_types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    shared = int(g("attention.shared_kv_layers", 0))
+    head_full = int(g("attention.key_length"))
+    head_swa = int(g("attention.key_length_swa", head_full))
+    for kind, k, v in (("full", head_full, g("attention.value_length", head_full)),
+                       ("sliding", head_swa, g("attention.value_length_swa", head_swa))):
+        if int(v) != k:
+            raise ValueError(f"GGUF gemma4: {kind} layers' key length {k} != value length {v}")
+    if int(g("rope.dimension_count_swa", head_swa)) != head_swa:
+        raise ValueError("GGUF gemma4: partial RoPE on sliding layers is not implemented")
+    kv = _per_layer(g("attention.head_count_kv", g("attention.head_count")), n)
+    ff = _per_layer(g("feed_forward_length"), n)
+    full = [i for i in range(n) if not sliding[i]]
+    kv_swa = next((kv[i] for i in range(n) if sliding[i]), kv[0])
+    k_eq_v = any(f"blk.{i}.attn_v.weight" not in types for i in full if i < n - shared)
+    wide = ff[-1] == 2 * ff[0] and ff[-1] != ff[0]
+    if any(w != (2 * ff[0] if wide and i >= n - shared else ff[0]) for i, w in enumerate(ff)):
+        raise ValueError(f"GGUF gemma4: MLP widths {ff} are not one width (doubled on the KV "
+                         "sharing layers) as swaserve implements")
+    rope_full: dict[str, Any] = {"rope_type": "default",
+                                 "rope_theta": float(g("rope.freq_base", 1_000_000.0))}
+    factors = meta.get("GGUF.rope_freqs")
+    if factors is None and int(g("rope.dimension_count", head_full)) != head_full:
+        raise ValueError("GGUF gemma4: partial RoPE without rope_freqs is not implemented")
+    if factors is not None:
+        rotated = sum(1 for f in factors if f < 1e29)
+        if any(f != 1.0 for f in factors[:rotated]) or len(factors) * 2 != head_full:
+            raise ValueError("GGUF gemma4: rope_freqs other than a partial rotation")
+        rope_full.update(rope_type="proportional", partial_rotary_factor=2 * rotated / head_full)
+    hidden = int(g("embedding_length"))
+    cfg: dict[str, Any] = {
+        "architectures": [GGUF_ARCHITECTURES["gemma4"]], "model_type": "gemma4_text",
+        "hidden_size": hidden, "num_hidden_layers": n,
+        "num_attention_heads": int(g("attention.head_count")),
+        "num_key_value_heads": kv_swa, "head_dim": head_swa,
+        "per_layer_config": {i: {"head_dim": head_full, "num_key_value_heads": kv[i]}
+                             for i in full},
+        "attention_k_eq_v": k_eq_v, "num_kv_shared_layers": shared,
+        "intermediate_size": ff[0], "use_double_wide_mlp": wide,
+        "hidden_size_per_layer_input": int(g("embedding_length_per_layer_input", 0)),
+        "layer_types": layer_types, "sliding_window": int(g("attention.sliding_window")),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "max_position_embeddings": int(g("context_length", 131_072)),
+        "final_logit_softcapping": g("final_logit_softcapping"),
+        "rope_parameters": {"full_attention": rope_full, "sliding_attention": {
+            "rope_type": "default", "rope_theta": float(g("rope.freq_base_swa", 10_000.0))}},
+        "tie_word_embeddings": "output.weight" not in types,
+        "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+        **_special_tokens(meta)}
+    vocab = meta.get("tokenizer.ggml.tokens#len") or len(meta.get("tokenizer.ggml.tokens", ()))
+    if vocab:
+        cfg["vocab_size"] = cfg["vocab_size_per_layer_input"] = int(vocab)
+    if meta.get("GGUF.per_layer_vocab"):  # the converter trims token_embd's rows, not these
+        cfg["vocab_size_per_layer_input"] = int(meta["GGUF.per_layer_vocab"])
+    if g("expert_count"):
+        cfg.update(enable_moe_block=True, num_experts=int(g("expert_count")),
+                   top_k_experts=int(g("expert_used_count")),
+                   moe_intermediate_size=int(g("expert_feed_forward_length")))
+    return cfg
+
+
+def _per_layer(value: Any, n: int) -> list[int]:
+    """A per-layer key (one value for all layers, or a list) as a list of n ints."""
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)] * n

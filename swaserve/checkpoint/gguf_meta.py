@@ -41,9 +41,13 @@ class GGUFFormatError(ValueError):
 def read_gguf_metadata(path: str | Path, max_array: int = 1024) -> dict[str, Any]:
     """The key/values, and from the tensor table what a config needs: "GGUF.tensor_types"
     ({tensor name: GGML type id}) and, where the file has Llama 3's RoPE frequency factors
-    (the `rope_freqs.weight` tensor, F32), their values as "GGUF.rope_freqs"."""
+    (the `rope_freqs.weight` tensor, F32), their values as "GGUF.rope_freqs"; where it has
+    Gemma 4's per-layer input table, its row count as "GGUF.per_layer_vocab"."""
     meta, infos, end = _read_header(path, max_array, tensors=True)
     meta["GGUF.tensor_types"] = {name: info[1] for name, info in infos.items()}
+    ple = infos.get("per_layer_token_embd.weight")
+    if ple is not None:
+        meta["GGUF.per_layer_vocab"] = int(ple[0][-1])  # dims innermost first: [n * P, V]
     rope = infos.get("rope_freqs.weight")
     if rope is not None and rope[1] == _GGML_F32 and len(rope[0]) == 1:
         align = int(meta.get("general.alignment", 32))

@@ -19,7 +19,7 @@ from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 # the end of a part's file stem: -<part, from 1>-of-<parts>
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})$")
 # tensor facts read_gguf_metadata takes from a file's tensor table (not its key/values)
-_TENSOR_FACTS = ("GGUF.tensor_types", "GGUF.rope_freqs")
+_TENSOR_FACTS = ("GGUF.tensor_types", "GGUF.rope_freqs", "GGUF.per_layer_vocab")
 
 
 class GGUFSplitError(ValueError):
@@ -73,8 +73,9 @@ def read_split_metadata(parts: tuple[Path, ...]) -> dict[str, Any]:
         types.update(m["GGUF.tensor_types"])
         if i == 0:
             meta = {k: v for k, v in m.items() if k not in _TENSOR_FACTS}
-        if "GGUF.rope_freqs" in m:
-            meta["GGUF.rope_freqs"] = m["GGUF.rope_freqs"]
+        for fact in _TENSOR_FACTS[1:]:
+            if fact in m:
+                meta[fact] = m[fact]
     meta["GGUF.tensor_types"] = types
     expected = meta.get("split.tensors.count")
     if expected is not None and int(expected) != len(types):

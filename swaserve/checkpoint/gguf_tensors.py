@@ -2,9 +2,10 @@
 
 llama.cpp's converter renames every tensor (`blk.N.attn_q.weight`, ...) and changes a few
 layouts, which are undone here: Llama's q/k rows are permuted into its interleaved RoPE
-order (`unpermute_rows`), Gemma's norms store 1 + w, and gpt-oss's experts are split into
-gate / up / down stacks ([experts, out, in], or gate and up fused as one stack), where the
-HF checkpoint keeps gate and up interleaved in one [experts, in, 2 * out] tensor.
+order (`unpermute_rows`), Gemma 3's norms store 1 + w (Gemma 4's store w), and gpt-oss's
+experts are split into gate / up / down stacks ([experts, out, in], or gate and up fused as
+one stack), where the HF checkpoint keeps gate and up interleaved in one
+[experts, in, 2 * out] tensor. Gemma 4's expert stacks are stored as HF stores them.
 """
 
 from __future__ import annotations
@@ -30,12 +31,29 @@ _LAYER_NAMES = {
     "gemma3": {**_LAYER, "post_attention_norm": "post_attention_layernorm",
                "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"},
+    "gemma4": {**_LAYER, "post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm",
+               "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+               "post_ffw_norm_1": "post_feedforward_layernorm_1",
+               "post_ffw_norm_2": "post_feedforward_layernorm_2",
+               "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+               "post_norm": "post_per_layer_input_norm", "ffn_gate_inp": "router.proj"},
     "llama": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
     "gpt-oss": {**_LAYER, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router"},
 }
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
+                 "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+                 "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+                 "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
+# Gemma 4's layer tensors whose HF names carry no `.weight`: its scalar, router scales and
+# expert stacks (stored as HF stores them, [experts, out, in])
+_GEMMA4_BARE = {"layer_output_scale.weight": "layer_scalar", "ffn_gate_inp.scale": "router.scale",
+                "ffn_down_exps.scale": "router.per_expert_scale",
+                "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+                "ffn_down_exps.weight": "experts.down_proj"}
 # read into the config instead (gguf_meta.read_gguf_metadata)
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|gate_up|down)_exps\.(weight|bias)")
@@ -45,6 +63,9 @@ def gguf_name_to_hf(arch: str, name: str) -> str | None:
     """The HF name of a GGUF tensor stored one to one; None for others."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
+    bare = re.fullmatch(r"blk\.(\d+)\.(\w+\.\w+)", name)
+    if arch == "gemma4" and bare is not None and bare.group(2) in _GEMMA4_BARE:
+        return f"model.layers.{bare.group(1)}.{_GEMMA4_BARE[bare.group(2)]}"
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     layer = _LAYER_NAMES.get(arch, {})
     if m is None or m.group(2) not in layer:

@@ -110,6 +110,7 @@ def load_tokenizer(source: ModelSource) -> Tokenizer | None:
         except Exception as e:  # noqa: BLE001 - conversion failures are many-shaped
             raise ModelLoadError(f"{source.path}: cannot build a tokenizer from the GGUF "
                                  f"metadata ({type(e).__name__}: {e})") from e
+        _bos_as_the_gguf_says(hf_tok, source.gguf_meta or {})
         tmp = cache.with_name(f"tokenizer.tmp{os.getpid()}")
         hf_tok.save_pretrained(str(tmp))
         if cache.exists():  # another process converted it meanwhile
@@ -117,3 +118,18 @@ def load_tokenizer(source: ModelSource) -> Tokenizer | None:
         else:
             tmp.rename(cache)
     return _from_file(tj, source)
+
+
+def _bos_as_the_gguf_says(hf_tok, meta: dict) -> None:
+    """Prepend BOS on encode where the GGUF says `tokenizer.ggml.add_bos_token`, as
+    llama.cpp does: transformers' conversion leaves it out for some architectures
+    (gemma4), and a Gemma model without its BOS reads a text it was never trained on."""
+    bos, bos_id = hf_tok.bos_token, hf_tok.bos_token_id
+    if not meta.get("tokenizer.ggml.add_bos_token") or bos is None or bos_id is None:
+        return
+    if hf_tok("x")["input_ids"][:1] == [bos_id]:
+        return
+    from tokenizers.processors import TemplateProcessing
+
+    hf_tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])

@@ -114,6 +114,8 @@ def test_gguf_tokenizer_ids_equal_the_tokenizer_it_was_written_from(variant):
     assert vocab.eos in want
     assert tok.encode(text, add_special_tokens=False) == want
     assert tok.decode(want, skip_special_tokens=False) == text
+    # BOS first, as the file's add_bos_token says and llama.cpp encodes
+    assert vocab.add_bos and tok.encode(text) == [vocab.bos, *want]
 
 
 def test_a_gguf_with_the_full_layers_rope_unknown_is_refused(tmp_path):

@@ -1,7 +1,8 @@
 """Gemma 4 text models against transformers' own Gemma4ForCausalLM, in float32 on tiny random
 checkpoints (W = 8): one with KV shared across layers, K=V full layers of their own head size,
 per-layer inputs and double-wide MLPs on the reusing layers; one with none of these; one
-with MoE blocks (and sharing, K=V, per-layer inputs). Then
+with MoE blocks (and sharing, K=V, per-layer inputs); ragged prefills under one token budget,
+with a grammar and prompt logprobs among them. Then
 the KV cache and planner (reusing layers allocate and are charged nothing), `swaserve plan` on
 Gemma-4-shaped configs, and the refusals."""
 
@@ -16,9 +17,18 @@ from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
 from swaserve.memory.planner import plan_memory
+from tests.conftest import (
+    TEST_DEVICE,
+    drive,
+    hf_greedy,
+    hf_logits,
+    hf_logprobs,
+    random_prompt,
+    tiny_engine,
+)
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import drive, hf_greedy, hf_logits, random_prompt, tiny_engine
-from tests.helpers.checkpoints import write_tiny_gemma4
+from tests.engine.test_prompt_logprobs import check_against
+from tests.helpers.checkpoints import write_byte_bpe_tokenizer, write_tiny_gemma4
 
 TOL = 1e-4
 PLAIN = dict(num_kv_shared_layers=0, attention_k_eq_v=False, hidden_size_per_layer_input=0,
@@ -117,6 +127,72 @@ def test_bf16_through_the_attention_kernels_is_as_near_as_transformers_bf16(tmp_
         hf = max((theirs[r] - want[r]).abs().max().item() for r in rows)
         assert ours <= 1.5 * hf + 0.02
     assert ran and (kernel.entry() is None or all(o is not None for o in ran))
+
+
+RAGGED = [3 * W + 5, 2 * W - 1, 7, W + 2]  # cut by a budget of 13 at different points
+
+
+@pytest.mark.parametrize("name", ["shared", "moe"])
+def test_ragged_prefill_under_one_budget_and_a_late_arrival_match_transformers(request, name):
+    """Four prompts arrive together under a 13-token budget, so each step cuts them at
+    different points; a fifth arrives while they decode. Every sampled row is transformers'
+    full forward at that position, and the greedy tokens are each prompt's run alone."""
+    path, ref = request.getfixturevalue(name)
+    prompts = [random_prompt(n, seed=80 + i) for i, n in enumerate(RAGGED)]
+    late = random_prompt(2 * W + 3, seed=85)
+    eng = tiny_engine(path, chunk_size=13)
+    eng.logits_log = []
+    reqs = [eng.add_request(p, GREEDY)[0] for p in prompts]
+    seen = [0] * len(reqs)
+    cuts = []  # per step: how many prompts it prefilled
+
+    def count(_):
+        now = [r.num_computed_tokens for r in reqs]
+        cuts.append(sum(b > a and a < r.num_prompt_tokens
+                        for a, b, r in zip(seen, now, reqs)))
+        seen[:] = now
+    drive(eng, until=lambda: reqs[0].num_output_tokens > 1, each_step=count)
+    reqs.append(eng.add_request(late, GREEDY)[0])
+    prompts.append(late)
+    drive(eng)
+    assert max(cuts) >= 2  # prompts cut in the same step
+    for p, r in zip(prompts, reqs):
+        logs = [lg for rid, _, lg in eng.logits_log if rid == r.request_id]
+        want = hf_logits(ref, p + r.output_token_ids)
+        assert len(logs) == GREEDY.max_tokens
+        assert max((lg - want[len(p) - 1 + i]).abs().max().item()
+                   for i, lg in enumerate(logs)) < TOL
+        assert r.output_token_ids == run(tiny_engine(path, chunk_size=13), [p], GREEDY)[0][0]
+    for r in reqs:
+        eng.release(r.request_id)
+    eng.check_integrity()
+
+
+def test_a_grammar_and_prompt_logprobs_in_a_ragged_batch_are_what_they_are_alone(tmp_path):
+    """A regex request, a prompt-logprobs request and plain ones share the 13-token budget:
+    the regex output matches and is the one it gives alone; the prompt logprobs are
+    transformers' log-softmax at every position."""
+    import re
+
+    from swaserve import LLM
+
+    pytest.importorskip("llguidance")
+    vocab = write_byte_bpe_tokenizer(tmp_path)
+    path, ref = write_tiny_gemma4(tmp_path, vocab_size=vocab, vocab_size_per_layer_input=vocab)
+
+    def llm():
+        return LLM(path, dtype="float32", kv_memory="16MiB", max_running_requests=8,
+                   page_size=4, chunk_size=13, device=TEST_DEVICE)
+    regex = r"[0-9]{3}-[0-9]{4}"
+    prompts = [random_prompt(n, seed=90 + i) for i, n in enumerate(RAGGED)]
+    params = [SamplingParams(temperature=1.0, seed=3, max_tokens=30, regex=regex),
+              SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2), GREEDY, GREEDY]
+    outs = llm().generate(prompts, params)
+    assert re.fullmatch(regex, outs[0].text) and outs[0].finish_reason == "stop"
+    alone = llm().generate([prompts[0]], params[0])[0]
+    assert outs[0].token_ids == alone.token_ids
+    check_against(hf_logprobs(ref, prompts[1]), prompts[1], outs[1].prompt_logprobs, 2)
+    assert outs[1].token_ids == hf_greedy(ref, prompts[1], 2)
 
 
 @pytest.mark.parametrize("cut", [5 * W, 5 * W + 3])  # at a page boundary, and between two

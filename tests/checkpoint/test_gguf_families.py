@@ -141,11 +141,12 @@ def family(request, tmp_path_factory):
     return request.param, str(path), model, vocab
 
 
-def test_logits_equal_transformers_past_the_window(family):
-    name, path, model, vocab = family
+def decode_matches_transformers(path: str, model, vocab_size: int, name: str):
+    """Two prompts past the window, prefilled in chunks of 7 and decoded together for 4
+    tokens: every step's logits equal transformers' on the file's values. The engine."""
     eng = tiny_engine(path, chunk_size=7)
     eng.logits_log = []
-    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=i, vocab=vocab.size) for i in range(2)]
+    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=i, vocab=vocab_size) for i in range(2)]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     reqs = [eng.add_request(p, params)[0] for p in prompts]  # batched decode, mixed lengths
     drive(eng)
@@ -157,6 +158,12 @@ def test_logits_equal_transformers_past_the_window(family):
             ref = want[len(p) - 1 + i]
             assert (lg - ref).abs().max().item() <= TOL * ref.abs().max().item(), (name, i)
     eng.check_integrity()
+    return eng
+
+
+def test_logits_equal_transformers_past_the_window(family):
+    name, path, model, vocab = family
+    eng = decode_matches_transformers(path, model, vocab.size, name)
     cfg = eng.whole_model_config
     assert cfg.eos_token_ids == (vocab.eos,) and cfg.bos_token_id == vocab.bos
     assert cfg.tie_word_embeddings == model.config.tie_word_embeddings

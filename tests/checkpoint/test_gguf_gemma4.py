@@ -12,17 +12,15 @@ import dataclasses
 import gguf
 import pytest
 
-from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.gemma4_config import kv_sources, layer_shapes, with_defaults
 from swaserve.checkpoint.source import resolve_model
+from tests.checkpoint.test_gguf_families import decode_matches_transformers
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import drive, hf_logits, random_prompt, tiny_engine
 from tests.helpers.checkpoints import write_tiny_gemma4
 from tests.helpers.gguf_writer import MULTILINGUAL, sentencepiece_vocab, write_gguf
 
 Q = gguf.GGMLQuantizationType
-TOL = 1e-5  # relative to the largest logit
 PLAIN = dict(num_kv_shared_layers=0, attention_k_eq_v=False, hidden_size_per_layer_input=0,
              use_double_wide_mlp=False, final_logit_softcapping=None)
 MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
@@ -65,20 +63,7 @@ def variant(request, tmp_path_factory):
 
 def test_logits_equal_transformers_past_the_window(variant):
     name, path, model, vocab = variant
-    eng = tiny_engine(path, chunk_size=7)
-    eng.logits_log = []
-    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=i, vocab=vocab.size) for i in range(2)]
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    reqs = [eng.add_request(p, params)[0] for p in prompts]  # batched decode, mixed lengths
-    drive(eng)
-    for p, r in zip(prompts, reqs):
-        want = hf_logits(model, p + r.output_token_ids)
-        logs = [lg for rid, _, lg in eng.logits_log if rid == r.request_id]
-        assert len(logs) == 4
-        for i, lg in enumerate(logs):
-            ref = want[len(p) - 1 + i]
-            assert (lg - ref).abs().max().item() <= TOL * ref.abs().max().item(), (name, i)
-    eng.check_integrity()
+    decode_matches_transformers(path, model, vocab.size, name)
 
 
 def test_the_config_read_from_the_metadata_is_the_checkpoint_config(variant):

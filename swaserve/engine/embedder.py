@@ -86,6 +86,15 @@ class Embedder:
     def has_work(self) -> bool:
         return bool(self._queue)
 
+    def cancel(self, job: EmbedJob) -> bool:
+        """Drop a queued job (its client left or its time ran out) without calling `done`;
+        True if it was still queued. Slices run on the caller's thread, so none is using it."""
+        try:
+            self._queue.remove(job)
+        except ValueError:
+            return False
+        return True
+
     def fail_all(self, error: RequestError) -> None:
         """End every queued job with `error` (the engine is stopping)."""
         jobs, self._queue = list(self._queue), deque()

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from swaserve.sampling.params import SamplingParams
-from swaserve.server.async_engine import Delta, Final
 from swaserve.server.errors import APIError, as_api_error
+from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
 from swaserve.server.logprobs import completion_logprobs
 

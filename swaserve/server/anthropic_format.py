@@ -20,10 +20,10 @@ import json
 import uuid
 from collections.abc import Callable
 
-from swaserve.server.async_engine import Delta, Final
 from swaserve.server.chat_format import cut_at_stop
 from swaserve.server.chat_output import Event, OutputParser
 from swaserve.server.errors import APIError
+from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
 from swaserve.server.tools import ToolPlan, parse_calls
 

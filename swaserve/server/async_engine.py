@@ -20,68 +20,20 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from swaserve.engine.embedder import EmbedJob
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import FinishReason, Request, RequestError
 from swaserve.engine.threads import release_openmp_workers
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.errors import param_of
+from swaserve.server.events import Delta, EngineError, Final, Stream
 
 log = logging.getLogger("swaserve")
 _POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
 _OBSERVE_S = 0.05  # how often a busy engine thread refreshes the gauges
-
-
-@dataclass
-class Delta:
-    """New output of one completion (index) since the last event."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, float]]
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    # on a completion's first event when prompt logprobs were asked for (Request's format)
-    prompt_logprobs: list[dict[int, float] | None] | None = None
-
-
-@dataclass
-class Final:
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_output_tokens: list[int]
-
-
-class EngineError(Exception):
-    """A request's failure as its client sees it: an HTTP status and an OpenAI error."""
-
-    def __init__(self, message: str, status: int = 503, type_: str = "server_error",
-                 code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.message, self.status, self.type, self.code, self.param = (
-            message, status, type_, code, param)
-
-
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    deadline: float | None = None
-    reqs: list[Request] = field(default_factory=list)
-    sent_tokens: list[int] = field(default_factory=list)
-    sent_chars: list[int] = field(default_factory=list)
-    done: list[bool] = field(default_factory=list)
-    started: list[bool] = field(default_factory=list)  # an event was sent for this index
-    holdback: int = 0
-
-    def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the client's event loop is closed: nobody is listening
-            pass
 
 
 @dataclass(frozen=True)
@@ -92,7 +44,7 @@ class _Add:
     prompt_ids: list[int]
     params: SamplingParams
     grammar: CompiledGrammar | None
-    stream: _Stream
+    stream: Stream
 
 
 @dataclass(frozen=True)
@@ -117,10 +69,21 @@ class _Stop:
 @dataclass(frozen=True)
 class _Embed:
     """Queue prompts to embed (engine/embedder.py); `reply` gets their vectors or an
-    EngineError, on the engine thread."""
+    EngineError, on the engine thread. `_Abort(request_id)` drops them."""
 
+    request_id: str
     prompts: list[list[int]]
     reply: Callable[[list[list[float]] | EngineError], None]
+    deadline: float | None
+
+
+@dataclass
+class _Embedding:
+    """An embedding request in the embedder's queue, as the engine thread tracks it."""
+
+    job: EmbedJob
+    reply: Callable[[list[list[float]] | EngineError], None]
+    deadline: float | None
 
 
 _Command = _Add | _Abort | _FailAll | _Stop | _Embed  # what the engine thread's inbox carries
@@ -139,7 +102,8 @@ class AsyncEngine:
         self._admitted = 0  # let in by `admit`, not yet in the scheduler's queue
         self._lock = threading.Lock()
         self._inbox: queue.Queue[_Command] = queue.Queue()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
+        self._embeds: dict[str, _Embedding] = {}
         self._stop = threading.Event()
         # from here on only the engine thread runs the model: the idle OpenMP workers that
         # loading left on this thread would make every parallel region there wake its own
@@ -184,7 +148,7 @@ class AsyncEngine:
         """Queue one admitted request now; returns its events, which raise EngineError
         where it fails. Whoever stops reading them early must `abort` it (closing the
         iterator does that once it has started)."""
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         if self.request_timeout is not None:
             stream.deadline = time.monotonic() + self.request_timeout
         self._inbox.put(_Add(request_id, prompt_ids, params, grammar, stream))
@@ -195,9 +159,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
-    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+    async def embed(self, prompts: list[list[int]], request_id: str) -> list[list[float]]:
         """Embed one admitted request's prompts on the engine thread, between its steps;
-        raises EngineError where it fails."""
+        raises EngineError where it fails or outlives `request_timeout`. Whoever stops
+        waiting for it must `abort` it."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
 
@@ -212,12 +177,14 @@ class AsyncEngine:
             except RuntimeError:  # the client's event loop is closed: nobody is listening
                 pass
 
-        self._inbox.put(_Embed(prompts, reply))
+        deadline = (time.monotonic() + self.request_timeout
+                    if self.request_timeout is not None else None)
+        self._inbox.put(_Embed(request_id, prompts, reply, deadline))
         if not self.alive:
             reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return await answer
 
-    async def _events(self, request_id: str, stream: _Stream) -> AsyncIterator[Delta | Final]:
+    async def _events(self, request_id: str, stream: Stream) -> AsyncIterator[Delta | Final]:
         finished = False
         try:
             while True:
@@ -324,11 +291,13 @@ class AsyncEngine:
 
     def _embed(self, cmd: _Embed) -> None:
         def done(job) -> None:
+            self._embeds.pop(cmd.request_id, None)
             err = job.error
             cmd.reply(job.vectors if err is None
                       else EngineError(err.message, err.status, err.type, err.code))
         try:
-            self.engine.add_embedding(cmd.prompts, done)
+            job = self.engine.add_embedding(cmd.prompts, done)
+            self._embeds[cmd.request_id] = _Embedding(job, cmd.reply, cmd.deadline)
         except ValueError as e:
             cmd.reply(EngineError(str(e), 400, "invalid_request_error", param=param_of(e)))
         finally:
@@ -358,6 +327,9 @@ class AsyncEngine:
 
     def _abort(self, rid: str) -> bool:
         """Drop a request and free its memory; True if it was still running or waiting."""
+        embedding = self._embeds.pop(rid, None)
+        if embedding is not None:
+            return self.engine.embedder.cancel(embedding.job)
         stream = self._streams.pop(rid, None)
         if stream is None:
             return False
@@ -366,7 +338,7 @@ class AsyncEngine:
         self._forget(stream)
         return True
 
-    def _forget(self, stream: _Stream) -> None:
+    def _forget(self, stream: Stream) -> None:
         for r in stream.reqs:
             if self.metrics is not None:
                 self.metrics.on_finish(r)
@@ -376,15 +348,21 @@ class AsyncEngine:
         now = time.monotonic()
         late = [rid for rid, s in self._streams.items()
                 if s.deadline is not None and now >= s.deadline]
-        for rid in late:
-            stream = self._streams[rid]
+        late_embeds = [rid for rid, e in self._embeds.items()
+                       if e.deadline is not None and now >= e.deadline]
+        for rid in late + late_embeds:
+            stream, embedding = self._streams.get(rid), self._embeds.get(rid)
             self._abort(rid)
-            stream.put(EngineError(f"the request did not finish within the server's "
-                                   f"--request-timeout of {self.request_timeout:g} s", 504,
-                                   "timeout_error", "request_timeout"))
+            err = EngineError(f"the request did not finish within the server's "
+                              f"--request-timeout of {self.request_timeout:g} s", 504,
+                              "timeout_error", "request_timeout")
+            if stream is not None:
+                stream.put(err)
+            else:
+                embedding.reply(err)
             if self.metrics is not None:
                 self.metrics.timed_out.inc()
-        return bool(late)
+        return bool(late or late_embeds)
 
     def _publish(self, changed: list[Request]) -> None:
         touched = {}
@@ -399,7 +377,7 @@ class AsyncEngine:
                 self._abort(rid)
                 stream.put(EngineError(f"streaming this request failed: {e}", 500))
 
-    def _publish_stream(self, rid: str, stream: _Stream) -> None:
+    def _publish_stream(self, rid: str, stream: Stream) -> None:
         failed = next((r for r in stream.reqs if r.finish_reason is FinishReason.ERROR), None)
         if failed is not None:  # one completion failed: the request has failed
             self._abort(rid)
@@ -408,7 +386,7 @@ class AsyncEngine:
                        if err is not None else EngineError("the request failed", 500))
             return
         for i, req in enumerate(stream.reqs):
-            d = self._delta(stream, i, req)
+            d = stream.delta(i, req)
             if d is not None:
                 stream.put(d)
         if all(r.is_finished for r in stream.reqs):
@@ -416,28 +394,6 @@ class AsyncEngine:
                              [r.num_output_tokens for r in stream.reqs]))
             del self._streams[rid]
             self._forget(stream)
-
-    def _delta(self, stream: _Stream, i: int, req: Request) -> Delta | None:
-        if stream.done[i]:
-            return None
-        text = req.output_text
-        # hold back what could still become the start of a stop string
-        upto = len(text) if req.is_finished or not req.params.stop else max(
-            stream.sent_chars[i], len(text) - stream.holdback)
-        new_tokens = req.output_token_ids[stream.sent_tokens[i]:]
-        if not new_tokens and upto == stream.sent_chars[i] and not req.is_finished:
-            return None
-        lps = (req.logprobs or [])[stream.sent_tokens[i]:]
-        d = Delta(i, text[stream.sent_chars[i]:upto], new_tokens, lps,
-                  req.finish_reason.value if req.is_finished and req.finish_reason else None,
-                  req.stop_reason)
-        if not stream.started[i]:  # the n siblings share the first one's prompt
-            d.prompt_logprobs = stream.reqs[0].prompt_logprobs
-            stream.started[i] = True
-        stream.sent_tokens[i] = req.num_output_tokens
-        stream.sent_chars[i] = upto
-        stream.done[i] = d.finish_reason is not None
-        return d
 
     def _fail_all(self, err: EngineError) -> None:
         if self.engine.embedder is not None:

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.adapter import ResponseFormat, usage
-from swaserve.server.async_engine import Delta, Final
 from swaserve.server.chat_grammar import answer_grammar
 from swaserve.server.chat_output import Event, OutputParser, make_output_parser
+from swaserve.server.events import Delta, Final
 from swaserve.server.logprobs import chat_logprobs
 from swaserve.server.state import AppState
 from swaserve.server.tools import ToolPlan, new_call, parse_calls

@@ -23,17 +23,20 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import NamedTuple, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NamedTuple, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
-from swaserve.server.async_engine import AsyncEngine, Delta, EngineError, Final
+from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, as_api_error
+from swaserve.server.events import Delta, EngineError, Final
 from swaserve.server.state import AppState
+
+T = TypeVar("T")
 
 log = logging.getLogger("swaserve")
 _HEAD_CHARS_PER_TOKEN = 8  # a prompt's head this many characters a token long is tokenized first
@@ -299,18 +302,25 @@ async def _collect(aengine: AsyncEngine, rid: str, gen: AsyncIterator, n: int,
         finally:
             await gen.aclose()
 
-    work = asyncio.ensure_future(gather())
+    return await while_connected(request, gather(), lambda: aengine.abort(rid))
+
+
+async def while_connected(request: Request, work: Awaitable[T], on_gone: Callable[[], None]
+                          ) -> T:
+    """`work`'s result, or a 499 when the client disconnects first; `on_gone` then frees
+    what the request holds in the engine (it runs too when the handler is cancelled)."""
+    task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-        if not work.done():  # the client left: stop generating for it
-            work.cancel()
-            aengine.abort(rid)
-    if work.cancelled():
+        if not task.done():  # the client left: stop working for it
+            task.cancel()
+            on_gone()
+    if task.cancelling() or task.cancelled():  # cancelled above: it ends on its next turn
         raise APIError(499, "the client closed the request", None, "invalid_request_error")
-    return work.result()
+    return task.result()
 
 
 async def _disconnected(request: Request) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from swaserve.server.async_engine import Delta
+from swaserve.server.events import Delta
 
 BANNED_LOGPROB = -9999.0
 

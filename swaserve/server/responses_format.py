@@ -22,9 +22,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from swaserve.server.async_engine import Delta, Final
 from swaserve.server.chat_output import Event, OutputParser
 from swaserve.server.errors import APIError
+from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
 from swaserve.server.tools import ToolPlan, parse_calls
 

@@ -2,27 +2,29 @@
 list of them; `encoding_format` float or base64 (little-endian float32, as OpenAI's client
 decodes it); `dimensions` shortens a Matryoshka embedding (its first values, L2-normalized
 again) where the checkpoint is a sentence-transformers embedding model. The prompts run on
-the engine thread between generation steps (engine/embedder.py)."""
+the engine thread between generation steps (engine/embedder.py); a client that leaves,
+or a request past `--request-timeout`, drops its prompts not yet run."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import uuid
 
 import numpy as np
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from swaserve.models.encoder import truncate
-from swaserve.server.async_engine import EngineError
 from swaserve.server.errors import APIError, as_api_error
-from swaserve.server.lifecycle import admit, api_error
+from swaserve.server.events import EngineError
+from swaserve.server.lifecycle import admit, api_error, while_connected
 from swaserve.server.protocol import EmbeddingRequest
 from swaserve.server.state import AppState
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest):
+    async def embeddings(body: EmbeddingRequest, request: Request):
         state.check_model(body.model)
         embedder = state.engine.embedder
         if embedder is None:
@@ -48,8 +50,10 @@ def add_routes(app: FastAPI, state: AppState) -> None:
         except BaseException:
             state.aengine.cancel_admission()
             raise
+        rid = f"embd-{uuid.uuid4().hex}"
         try:
-            vectors = await state.aengine.embed(ids)
+            vectors = await while_connected(request, state.aengine.embed(ids, rid),
+                                            lambda: state.aengine.abort(rid))
         except EngineError as e:
             raise api_error(e) from e
         if body.dimensions is not None and body.dimensions < embedder.dimensions:

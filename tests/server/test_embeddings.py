@@ -6,6 +6,9 @@ beside embedding requests gets the tokens it gets alone and the cache is whole a
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -107,6 +110,83 @@ def test_bad_bodies_name_their_field(served):
     r = run_client(app, completion)  # an embedding model does not generate
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert aeng.engine.cache.is_fully_free()
+
+
+def test_request_timeout_ends_an_embedding(served):
+    """An embedding request past --request-timeout is a 504 and its prompts leave the
+    queue; the next request is served."""
+    import openai
+
+    app, aeng = served
+    aeng.request_timeout = 1e-6  # past before the engine thread first looks at it
+    try:
+        async def late(client, http):
+            with pytest.raises(openai.APIStatusError) as err:
+                await client.embeddings.create(model="tiny", input=TEXTS)
+            return err.value
+
+        err = run_client(app, late)
+    finally:
+        aeng.request_timeout = None
+    assert err.status_code == 504 and err.body["code"] == "request_timeout"
+    assert not aeng.engine.embedder.has_work()
+
+    async def again(client, http):
+        return await client.embeddings.create(model="tiny", input=TEXTS[0])
+
+    assert len(run_client(app, again).data) == 1
+
+
+def test_client_that_leaves_drops_its_prompts(served, monkeypatch):
+    """A client that disconnects while its prompts wait drops those not yet run: the
+    embedder runs the slice it had started and no other."""
+    app, aeng = served
+    embedder = aeng.engine.embedder
+    real_step = embedder.step
+    entered, go, slices = threading.Event(), threading.Event(), []
+
+    def gated_step():
+        if not slices:  # hold the first slice until the client has gone
+            entered.set()
+            go.wait(30)
+        slices.append(real_step())
+        return slices[-1]
+
+    monkeypatch.setattr(embedder, "step", gated_step)
+    monkeypatch.setattr(embedder, "budget", 8)  # one 5-token prompt per slice
+    body = json.dumps({"model": "tiny", "input": [[5] * 5] * 4}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/embeddings",
+             "raw_path": b"/v1/embeddings", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("t", 80)}
+
+    async def call() -> list[dict]:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict] = []
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await asyncio.to_thread(entered.wait, 30)  # the engine holds the prompts
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(call())
+    go.set()
+    deadline = time.monotonic() + 30
+    while embedder.has_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # a slice that should not run would run now
+    assert sent[0]["status"] == 499
+    assert not embedder.has_work() and len(slices) == 1 and slices[0] == []
+    aeng.engine.check_integrity()
 
 
 @pytest.fixture(scope="module")

@@ -131,8 +131,8 @@ def test_a_failure_mid_stream_is_response_failed():
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
 
-    from swaserve.server.async_engine import Delta
     from swaserve.server.errors import APIError
+    from swaserve.server.events import Delta
     from swaserve.server.responses_format import ResponsesFormat
 
     fmt = ResponsesFormat("tiny", {"tools": [], "tool_choice": "auto",

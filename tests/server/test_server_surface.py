@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from swaserve.sampling.params import SamplingParams
 from swaserve.server import app as app_module
-from swaserve.server.async_engine import Delta, Final
 from swaserve.server.errors import APIError
+from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import answer, encode, prepare
 from swaserve.server.metrics import Metrics
 from swaserve.server.state import AppState

@@ -127,6 +127,10 @@ class Engine:
         self.layout = self.model.cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
+        if self.layout.recurrent_layers and self.prefix_cache:  # TODO: state checkpoints
+            log.warning("prefix_cache: off for %s (recurrent state checkpoints are not "
+                        "implemented yet)", self.model.cfg.architecture)
+            self.prefix_cache = False
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
                             self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())

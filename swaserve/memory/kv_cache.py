@@ -62,13 +62,20 @@ class KVCache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
                                                    dtype, kv_device)
-            if not layout.sliding_layers or self.window_pages is not None:
+            windows_ok = not layout.sliding_layers or self.window_pages is not None
+            states_ok = self.state is None or plan.state_checkpoint_slots > 0
+            if windows_ok and states_ok:
                 self.prefix = PrefixCache(
                     plan.page_size, layout.max_window, self.full is not None,
                     bool(layout.sliding_layers),
-                    self.full.allocator if self.full is not None else None, self.window_pages)
+                    self.full.allocator if self.full is not None else None, self.window_pages,
+                    self.state.checkpoints if self.state is not None else None)
         self.row_pages: dict[int, list[int]] = {}
         self.row_window_pages: dict[int, list[int | None]] = {}
+        # recurrent-state checkpoints a row took and holds until it is freed: position ->
+        # checkpoint; the prefix tree takes its own reference when the row caches them
+        self.row_checkpoints: dict[int, dict[int, int]] = {}
+        self.checkpoint_interval = 0  # tokens between two checkpoints (set by the engine)
         # tensor parallelism: the KV copies made outside a forward (forks, prefix hits), in
         # order, for the other ranks to replay on their shards before the next forward
         self.copy_log: list[tuple[str, torch.Tensor, str, torch.Tensor]] | None = None
@@ -80,6 +87,7 @@ class KVCache:
             return None
         self.row_pages[got[0]] = []
         self.row_window_pages[got[0]] = []
+        self.row_checkpoints[got[0]] = {}
         return got[0]
 
     def free_row(self, row: int) -> None:
@@ -91,6 +99,9 @@ class KVCache:
             self.window_pages.allocator.decref(wpages)
         if self.state is not None:
             self.state.drafts.pop(row, None)
+        held = list(self.row_checkpoints.pop(row).values())
+        if held:
+            self.state.checkpoints.decref(held)
         self.rows.free(row)
 
     # -- full-pool pages -----------------------------------------------------------------
@@ -249,6 +260,42 @@ class KVCache:
                      "ring", torch.arange(src * ring, (src + 1) * ring, device=self.device)))
         return row
 
+    def checkpoint_positions(self, tokens, start: int, end: int, prompt_len: int) -> list[int]:
+        """Positions in (start, end] after which a row computing positions [start, end)
+        takes a state checkpoint: every `checkpoint_interval` tokens and the prompt's last
+        page boundaries (those before its last token, where the same prompt hits, and at its
+        end, where a longer one does), unless the tree holds one there already. `tokens(n)`
+        gives the first n tokens (those known, where fewer are)."""
+        if self.prefix is None or self.state is None:
+            return []
+        p, every = self.page_size, self.checkpoint_interval
+        ends = {(prompt_len - 1) // p * p, prompt_len // p * p}
+        first = -(-(start + 1) // p) * p
+        at = [pos for pos in range(first, end + 1, p)
+              if pos in ends or (every and pos % every == 0)]
+        if not at:
+            return []
+        known = tokens(at[-1])
+        return [pos for pos in at
+                if not (pos <= len(known) and self.prefix.has_state_at(known[:pos]))]
+
+    def take_checkpoints(self, row: int, positions: list[int]) -> list[tuple[int, int]]:
+        """Checkpoint slots for the state of `row` after each of `positions` (the row holds
+        them until it is freed), dropping least recently used ones of the tree where the
+        budget is full: (position, state-pool slot) for those it got."""
+        out = []
+        alloc = self.state.checkpoints
+        for pos in positions:
+            if alloc.num_free == 0 and not self.prefix.evict_states(1):
+                break
+            ck = alloc.alloc(1)[0]
+            old = self.row_checkpoints[row].get(pos)
+            if old is not None:
+                alloc.decref([old])
+            self.row_checkpoints[row][pos] = ck
+            out.append((pos, self.state.checkpoint_slot(ck)))
+        return out
+
     def match_prefix(self, tokens: list[int]) -> Match | None:
         if self.prefix is None:
             return None
@@ -277,6 +324,11 @@ class KVCache:
             dst = (row * ring + pos % ring).to(self.window.positions.device)
             self.copy_kv("ring", dst, "window_pages", src)
             self.window.positions[dst] = pos.to(self.window.positions.device)
+        if self.state is not None:  # the checkpoint at the hit point into the row's slot
+            self.copy_kv("state", torch.tensor([row], device=self.device), "state",
+                         torch.tensor([self.state.checkpoint_slot(m.state)],
+                                      device=self.device))
+            self.state.consumed[row] = m.num_tokens
         self.prefix.hit_tokens += m.num_tokens
 
     def copy_kv(self, dst_pool: str, dst: torch.Tensor, src_pool: str, src: torch.Tensor,
@@ -307,10 +359,13 @@ class KVCache:
         return p.k + p.v
 
     def cache_tokens(self, row: int, tokens: list[int]):
-        """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree."""
+        """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree,
+        with the state checkpoints the row took within them."""
         n = len(tokens) // self.page_size
+        states = {pos // self.page_size: ck for pos, ck in self.row_checkpoints[row].items()
+                  if pos <= n * self.page_size}
         return self.prefix.insert(tokens[:n * self.page_size], self.row_pages[row][:n],
-                                  self.row_window_pages[row][:n])
+                                  self.row_window_pages[row][:n], states)
 
     # -- accounting ----------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -365,6 +420,10 @@ class KVCache:
             a = self.window_pages.allocator
             if a.num_pages - a.num_free != len(held_win):
                 return False
+        if self.state is not None and self.prefix is not None:
+            a = self.state.checkpoints
+            if a.num_pages - a.num_free != len(self.prefix.state_references()):
+                return False
         return True
 
     def evict_all(self) -> None:
@@ -388,3 +447,10 @@ class KVCache:
             for page, count in enumerate(self.window_pages.allocator.refcount):
                 if count != refs.get(page, 0) + held_win.get(page, 0):
                     raise AssertionError(f"window pages: page {page} has refcount {count}")
+        if self.state is not None:
+            held = Counter(ck for cks in self.row_checkpoints.values() for ck in cks.values())
+            if self.prefix is not None:
+                held.update(self.prefix.state_references())
+            self.state.check_integrity(held)
+            if set(self.state.drafts) - set(self.row_pages):
+                raise AssertionError("state pool: draft snapshots of a free row")

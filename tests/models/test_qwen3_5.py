@@ -39,6 +39,7 @@ def qwen(request):
 
 
 def engine(path, **kw):
+    """A tiny engine without the prefix cache: what a cold run computes."""
     return tiny_engine(path, **{"prefix_cache": False, **kw})
 
 
@@ -132,7 +133,7 @@ def test_three_forks_follow_their_seeds(dense):
     """n = 3: the siblings copy the parent's state after the prompt, then each follows its
     own seed as a single request would."""
     path, _ = dense
-    eng = engine(path)
+    eng = tiny_engine(path, state_checkpoint_interval=16)  # later runs hit the first's
     prompt = random_prompt(45, seed=4)
     params = SamplingParams(temperature=1.0, top_k=20, seed=11, n=3, max_tokens=12,
                             ignore_eos=True)
@@ -142,6 +143,7 @@ def test_three_forks_follow_their_seeds(dense):
                                 ignore_eos=True)
         assert tokens == run(eng, [prompt], single)[0][0]
     assert len({tuple(t) for t in forks}) > 1
+    assert eng.cache.prefix.hit_tokens > 0
 
 
 def test_retraction_and_readmission_under_a_tiny_pool(dense):
@@ -194,7 +196,7 @@ def test_scripted_drafts_leave_every_state_slot_as_a_plain_run(dense):
     drive(plain, each_step=lambda e: _record_states(e, reqs, want_states))
     want = [r.output_token_ids for r in reqs]
 
-    spec = engine(path, chunk_size=8, speculative="ngram", num_draft_tokens=4)
+    spec = tiny_engine(path, chunk_size=8, speculative="ngram", num_draft_tokens=4)
     sreqs = [spec.add_request(p, params)[0] for p in prompts]
     step = iter(range(10**6))
 
@@ -227,7 +229,7 @@ def test_ngram_drafts_on_and_off_give_the_same_tokens(qwen):
     path, _ = qwen
     prompts = [[4, 5, 6] * 10, random_prompt(9, seed=5) * 4]  # repeats: drafts find matches
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    spec = engine(path, speculative="ngram")
+    spec = tiny_engine(path, speculative="ngram")
     spec.speculator.gate.allow = lambda n: True  # a tiny model's timings are noise
     with_drafts, logs = run_logging_logits(spec, prompts, params)
     without, plain_logs = run_logging_logits(engine(path), prompts, params)
@@ -237,3 +239,86 @@ def test_ngram_drafts_on_and_off_give_the_same_tokens(qwen):
         a, b = dict(a), dict(b)
         assert a.keys() == b.keys()
         assert max((a[p] - b[p]).abs().max().item() for p in a) < TOL
+
+
+def _warm(path, **kw):
+    """An engine with the prefix cache, checkpoints every 16 tokens (pages of 4), that
+    has run one 70-token prompt for 10 tokens: checkpoints at 16, 32, 48, 64 and at the
+    prompt's last page boundary 68; the output's pages cached with none."""
+    eng = tiny_engine(path, chunk_size=7, state_checkpoint_interval=16, **kw)
+    p = random_prompt(70, seed=70)
+    (out, _), = run(eng, [p], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    return eng, p, out
+
+
+HIT_PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.mark.parametrize("case,hit", [("at", 48), ("between", 48), ("prompt", 68),
+                                      ("same", 68), ("past", 68)])
+def test_prefix_hit_restores_a_checkpoint_and_equals_a_cold_run(dense, case, hit):
+    """A hit at a checkpoint, between two (it backs off to the one before), at the
+    prompt's end, on the same prompt again, and past the last checkpoint (into the cached
+    output): the state is restored from the deepest checkpoint on the matched path, the
+    rest recomputed, and every token and logits row is a cold run's."""
+    path, _ = dense
+    eng, p, out = _warm(path)
+    q = {"at": p[:48], "between": p[:57], "prompt": p, "same": p, "past": p + out}[case]
+    q = q if case == "same" else q + random_prompt(5, seed=71)
+    eng.logits_log = []
+    req = eng.add_request(q, HIT_PARAMS)[0]
+    drive(eng, check_integrity=True)
+    assert req.num_cached_tokens == hit
+    hit_logs = [lg for _, _, lg in eng.logits_log]
+    (cold, cold_logs), = run(engine(path, chunk_size=7), [q], HIT_PARAMS)
+    assert req.output_token_ids == cold
+    assert max((a - b).abs().max().item() for a, b in zip(hit_logs, cold_logs)) < TOL
+    eng.release(req.request_id)
+    assert eng.cache.is_fully_free()
+
+
+def test_checkpoints_are_taken_where_they_should_be_and_freed_with_their_nodes(dense):
+    path, _ = dense
+    eng, p, out = _warm(path)
+    prefix = eng.cache.prefix
+    have = sorted(4 * depth for depth, n in _depths(prefix) if n.state is not None)
+    assert have == [16, 32, 48, 64, 68]
+    eng.check_integrity()
+    eng.cache.evict_all()
+    assert eng.cache.state.checkpoints.num_free == eng.cache.state.checkpoints.num_pages
+    eng.check_integrity()
+
+
+def _depths(prefix):
+    stack = [(1, n) for n in prefix.root.children.values()]
+    while stack:
+        d, n = stack.pop()
+        yield d, n
+        stack.extend((d + 1, c) for c in n.children.values())
+
+
+def test_a_small_checkpoint_budget_drops_the_least_recently_used(dense):
+    """Room for 3 checkpoints: later prompts take the slots of the oldest unlocked ones;
+    hits still equal cold runs and the pools stay whole."""
+    path, _ = dense
+    eng = tiny_engine(path, chunk_size=7, state_checkpoint_interval=16)
+    slot = eng.plan.state_slot_bytes
+    eng = tiny_engine(path, chunk_size=7, state_checkpoint_interval=16,
+                      state_cache_memory=str(3 * slot))
+    assert eng.cache.state.checkpoints.num_pages == 3
+    prompts = [random_prompt(40, seed=90 + i) for i in range(3)]
+    for p in prompts:
+        run(eng, [p], HIT_PARAMS)
+    # each prompt asks for 16, 32, 36 (its last page boundary before its last token) and
+    # 40; the last prompt's first three took the slots of the older prompts' checkpoints
+    assert eng.cache.state.checkpoints.num_free == 0
+    held = sorted((d, n.tokens) for d, n in _depths(eng.cache.prefix) if n.state is not None)
+    last = prompts[2]
+    assert held == [(d, tuple(last[4 * d - 4:4 * d])) for d in (4, 8, 9)]
+    q = last[:37] + random_prompt(3, seed=99)
+    eng.logits_log = []
+    req = eng.add_request(q, HIT_PARAMS)[0]
+    drive(eng, check_integrity=True)
+    assert req.num_cached_tokens == 36
+    (cold, _), = run(engine(path, chunk_size=7), [q], HIT_PARAMS)
+    assert req.output_token_ids == cold

@@ -322,3 +322,155 @@ def test_a_small_checkpoint_budget_drops_the_least_recently_used(dense):
     assert req.num_cached_tokens == 36
     (cold, _), = run(engine(path, chunk_size=7), [q], HIT_PARAMS)
     assert req.output_token_ids == cold
+
+
+@pytest.mark.parametrize("kw", [dict(prefix_cache=False), dict(),
+                                dict(speculative="ngram", num_draft_tokens=3)])
+def test_the_state_pool_is_one_slot_a_row_a_layer_and_the_plan_is_what_the_cache_holds(
+        dense, kw):
+    path, _ = dense
+    eng = tiny_engine(path, **kw)
+    lay, cache, plan = eng.layout, eng.cache, eng.plan
+    assert lay.recurrent_layers == (0, 1, 2, 4, 5, 6) and lay.full_layers == (3, 7)
+    assert [lay.dense_index(i) for i in (3, 4, 7)] == [0, 3, 1]
+    pool = cache.state
+    assert len(pool.conv) == len(pool.ssm) == 6
+    # conv window: q, k (2 heads x 8) and v (4 heads x 8) channels, kernel 4 - 1 taps;
+    # state: 4 value heads x 8 x 8, float32
+    assert all(tuple(c.shape[1:]) == (64, 3) and c.dtype == torch.float32 for c in pool.conv)
+    assert all(tuple(s.shape[1:]) == (4, 8, 8) and s.dtype == torch.float32 for s in pool.ssm)
+    slot = 6 * (64 * 3 * 4 + 4 * 8 * 8 * 4)
+    assert plan.state_slot_bytes == slot == pool.slot_bytes()
+    assert plan.draft_state_slots == (kw.get("speculative") is not None) * (16 - 1)
+    assert (plan.state_checkpoint_slots > 0) == kw.get("prefix_cache", True)
+    assert pool.num_slots == plan.num_rows + plan.draft_state_slots + plan.state_checkpoint_slots
+    assert plan.fixed_bytes_per_row == slot + 8 * eng.max_model_len  # state + r2t row
+    assert plan.used_bytes == cache.nbytes()
+    assert eng.cache.window is None and cache.full is not None
+
+
+def test_new_rows_start_from_zeros_and_continuations_keep_their_state(dense):
+    """The alloc hook zeroes a new row's slots (a finished request's state never leaks
+    into the next) and is not called for a chunked continuation."""
+    path, _ = dense
+    eng = engine(path, chunk_size=5)
+    pool = eng.cache.state
+    resets = []
+    real = pool.reset_rows
+    pool.reset_rows = lambda rows: (resets.append(list(rows)), real(rows))[1]
+    eng.cache.rows._hooks = [h if h != real else pool.reset_rows for h in eng.cache.rows._hooks]
+    a = eng.add_request(random_prompt(23, seed=1), GREEDY)[0]
+    drive(eng)
+    assert resets == [[a.row if a.row is not None else resets[0][0]]]
+    row = resets[0][0]
+    assert any(t[row].abs().sum() > 0 for t in pool.buffers)  # a finished row keeps bytes
+    b = eng.add_request(random_prompt(11, seed=2), GREEDY)[0]
+    eng.step()
+    assert len(resets) == 2 and b.row == resets[1][0] == row  # the same row, zeroed first
+    drive(eng)
+    (alone, _), = run(engine(path, chunk_size=5), [random_prompt(11, seed=2)], GREEDY)
+    assert b.output_token_ids == alone
+
+
+QWEN35_08B = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "tie_word_embeddings": True, "text_config": {
+                  "model_type": "qwen3_5_text", "hidden_size": 1024,
+                  "intermediate_size": 3584, "num_hidden_layers": 24,
+                  "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+                  "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+                  "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                  "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+                  "vocab_size": 248_320, "max_position_embeddings": 262_144,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000,
+                                      "partial_rotary_factor": 0.25,
+                                      "mrope_section": [11, 11, 10], "mrope_interleaved": True}}}
+QWEN35_27B = json.loads(json.dumps(QWEN35_08B))
+QWEN35_27B["tie_word_embeddings"] = False
+QWEN35_27B["text_config"].update(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                                 num_attention_heads=24, num_key_value_heads=4,
+                                 linear_num_value_heads=48)
+
+
+@pytest.mark.parametrize("name,cfg,gdn,full,hv", [("0.8b", QWEN35_08B, 18, 6, 16),
+                                                  ("27b", QWEN35_27B, 48, 16, 48)])
+def test_plan_of_qwen3_5_shaped_configs(tmp_path, capsys, name, cfg, gdn, full, hv):
+    from swaserve.cli import main
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    config = EngineConfig(model=str(tmp_path), kv_memory="16GiB", dtype="bf16")
+    rep = plan_report(config, context=32768)
+    rec, acc = rep["recurrent"], rep["accounting"]
+    assert len(rec["layers"]) == gdn and len(rep["layers"]["full"]) == full
+    channels = 2 * 16 * 128 + hv * 128
+    state = gdn * (channels * 3 * 2 + hv * 128 * 128 * 4)
+    assert rec["state_bytes_per_request"] == state
+    assert acc["ring"]["bytes_per_token"] == full * 2 * (2 if name == "0.8b" else 4) * 256 * 2
+    assert acc["ring"]["fixed_bytes_per_request"] == state  # plan reads no max_model_len
+    # a pool by token charges each recurrent layer its q/k/v heads' history instead
+    assert rec["history_bytes_per_token"] == gdn * (16 * 128 + hv * 128) * 2
+    assert (acc["token_scaled"]["bytes_per_token"]
+            == acc["ring"]["bytes_per_token"] + rec["history_bytes_per_token"])
+    assert (acc["ring"]["max_concurrent_requests"]
+            > 5 * acc["token_scaled"]["max_concurrent_requests"])
+    assert main(["plan", str(tmp_path), "--kv-memory", "16GiB", "--dtype", "bf16"]) == 0
+    assert "recurrent state per request" in capsys.readouterr().out
+
+
+def _text_config(**kw) -> dict:
+    return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+            "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, **kw}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("layer_types", ["linear_attention", "sliding_attention", "linear_attention",
+                     "full_attention"]),
+    ("hidden_act", "gelu"), ("attention_bias", True), ("attn_output_gate", False),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
+    ("linear_num_value_heads", 24), ("linear_conv_kernel_dim", 1), ("num_experts", 8)])
+def test_unimplemented_options_are_refused_by_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig.from_hf(_text_config(**{field: value}))
+
+
+def test_defaults_follow_transformers():
+    from transformers import Qwen3_5TextConfig
+
+    cfg = _text_config(num_hidden_layers=8)
+    ours, theirs = ModelConfig.from_hf(cfg), Qwen3_5TextConfig(**cfg)
+    assert [{"linear": "linear_attention", "full": "full_attention"}[t]
+            for t in ours.layer_types] == theirs.layer_types
+    for f in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+              "linear_value_head_dim", "linear_conv_kernel_dim", "head_dim"):
+        assert ours.raw[f] == getattr(theirs, f)
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert ours.raw["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert ours.tie_word_embeddings is False and ours.sliding_window is None
+
+
+def test_tensor_parallel_and_mlx_are_refused():
+    from swaserve.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        local_config(ModelConfig.from_hf(QWEN35_08B), 2)
+    assert not Qwen3_5ForCausalLM.runs_on_mlx
+
+
+def test_a_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Qwen3_5ForConditionalGeneration: the text model's weights under
+    model.language_model., the vision tower left unread."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    write_tiny_qwen3_5(tmp_path / "text")
+    text = json.loads((tmp_path / "text" / "config.json").read_text())
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                  out_hidden_size=32, patch_size=4, temporal_patch_size=1)
+    torch.manual_seed(3)
+    ref = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text,
+                                                        vision_config=vision)).eval()
+    ref.save_pretrained(str(tmp_path / "mm"))
+    prompt = random_prompt(40, seed=6)
+    (tokens, logs), = run(engine(str(tmp_path / "mm")), [prompt], GREEDY)
+    assert max_err(logs, hf_logits(ref, prompt + tokens), len(prompt) - 1) < TOL

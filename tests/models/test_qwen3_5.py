@@ -474,3 +474,51 @@ def test_a_multimodal_checkpoint_serves_its_text_model(tmp_path):
     prompt = random_prompt(40, seed=6)
     (tokens, logs), = run(engine(str(tmp_path / "mm")), [prompt], GREEDY)
     assert max_err(logs, hf_logits(ref, prompt + tokens), len(prompt) - 1) < TOL
+
+
+def test_prompt_logprobs_and_embeddings_are_transformers(dense):
+    """Prompt logprobs (every position scored, in chunks of 7) and an embedding (an
+    encoder forward: the prompt whole from a zero state, nothing kept)."""
+    path, ref = dense
+    p = random_prompt(40, seed=30)
+    eng = tiny_engine(path, chunk_size=7)
+    want = torch.log_softmax(hf_logits(ref, p), dim=-1)
+    out = eng.add_request(p, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1))[0]
+    drive(eng)
+    for i in range(1, len(p)):
+        assert abs(out.prompt_logprobs[i][p[i]] - want[i - 1, p[i]].item()) < TOL
+    vec = torch.tensor(eng.embed([p])[0])
+    with torch.no_grad():
+        hidden = ref.model(torch.tensor([p])).last_hidden_state[0, -1]
+    assert (vec - torch.nn.functional.normalize(hidden, dim=-1)).abs().max().item() < TOL
+    eng.check_integrity()
+
+
+def test_bf16_is_as_near_as_transformers_bf16(dense):
+    """bf16: the logits are no further from transformers' float32 ones than transformers'
+    own bf16 model is, on the same tokens."""
+    import copy
+
+    path, ref = dense
+    ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16)
+    prompts = [random_prompt(70 + 9 * i, seed=i) for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for p, (tokens, logs) in zip(prompts, run(tiny_engine(path, dtype="bfloat16", chunk_size=16),
+                                              prompts, params)):
+        want, theirs = hf_logits(ref, p + tokens), hf_logits(ref_bf16, p + tokens)
+        rows = range(len(p) - 1, len(p) - 1 + len(logs))
+        ours = max((lg.float() - want[r]).abs().max().item() for lg, r in zip(logs, rows))
+        hf = max((theirs[r] - want[r]).abs().max().item() for r in rows)
+        assert ours <= 1.5 * hf + 0.02
+
+
+def test_batch_invariant_gives_a_request_the_same_bits_alone_and_in_a_batch(dense):
+    path, _ = dense
+    prompts = [random_prompt(37 + 11 * i, seed=60 + i) for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    kw = dict(dtype="bfloat16", batch_invariant=True, chunk_size=16)
+    batched = run(tiny_engine(path, **kw), prompts, params)
+    for p, (tokens, logs) in zip(prompts, batched):
+        (alone, alone_logs), = run(tiny_engine(path, **kw), [p], params)
+        assert tokens == alone
+        assert all(torch.equal(a, b) for a, b in zip(logs, alone_logs))

@@ -90,6 +90,14 @@ class EngineConfig:
     window_cache_memory: str | None = field(default=None, metadata={
         "help": "prefix cache budget for sliding-layer KV of cached tokens, inside kv_memory "
                 "(default: a fifth of it)"})
+    state_cache_memory: str | None = field(default=None, metadata={
+        "help": "prefix cache budget for recurrent-state checkpoints of cached tokens "
+                "(models with Gated DeltaNet layers: Qwen3.5), inside kv_memory (default: a "
+                "fifth of it)"})
+    state_checkpoint_interval: int = field(default=1024, metadata={
+        "help": "models with recurrent layers: the prefix cache keeps a state checkpoint "
+                "every this many tokens (rounded up to whole pages) and at each prompt's "
+                "last page boundary; a hit restores the deepest one and recomputes the rest"})
     batch_invariant: bool = field(default=False, metadata={
         "help": "a request's output does not depend on what runs beside it, in bf16 too: "
                 "matmuls in blocks of 32 rows, decode keys padded to 512, prompts chunked at "
@@ -162,7 +170,8 @@ class EngineConfig:
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative: expected 'ngram' or none, got {self.speculative!r}")
         for name in ("chunk_size", "page_size", "num_draft_tokens", "ngram_max", "ngram_min",
-                     "speculative_max_rows", "tensor_parallel_size", "nnodes"):
+                     "speculative_max_rows", "tensor_parallel_size", "nnodes",
+                     "state_checkpoint_interval"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
@@ -187,6 +196,8 @@ class EngineConfig:
             parse_bytes(self.kv_memory)
         if self.window_cache_memory is not None:
             parse_bytes(self.window_cache_memory)
+        if self.state_cache_memory is not None:
+            parse_bytes(self.state_cache_memory)
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction: must be in (0, 1], got {self.mem_fraction!r}")
 
@@ -195,6 +206,14 @@ class EngineConfig:
         """Positions one request writes in a step at most: a prompt chunk, or a decode token
         and its draft (the sliding rings are W plus this)."""
         return max(self.chunk_size, self.num_draft_tokens + 1 if self.speculative else 1)
+
+    @property
+    def draft_state_slots(self) -> int:
+        """Draft tokens one step holds at most (each a recurrent-state snapshot): the decode
+        rows a speculative step grows to and its token budget, less a decode token."""
+        if not self.speculative:
+            return 0
+        return max(0, min(self.speculative_max_rows, self.chunk_size) - 1)
 
     @property
     def kv_memory_bytes(self) -> int | None:

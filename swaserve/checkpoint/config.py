@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from swaserve.checkpoint import gemma4_config
+from swaserve.checkpoint import gemma4_config, qwen3_5_config
 from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
 
 
@@ -24,7 +24,7 @@ class ModelConfig:
     vocab_size: int
     rms_norm_eps: float
     rope_theta: float
-    layer_types: tuple[str, ...]  # "full" | "sliding" per layer
+    layer_types: tuple[str, ...]  # "full" | "sliding" | "linear" (Gated DeltaNet) per layer
     max_position_embeddings: int
     sliding_window: int | None = None
     rope_local_theta: float | None = None
@@ -77,6 +77,11 @@ class ModelConfig:
     def cache_layout(self) -> CacheLayout:
         specs = []
         for i, kind in enumerate(self.layer_types):
+            if kind == "linear":  # a recurrent state per request, no KV
+                conv, state = qwen3_5_config.state_shapes(self.raw)
+                specs.append(LayerSpec(LayerKind.RECURRENT, 0, 0, conv_state=conv,
+                                       recurrent_state=state))
+                continue
             sliding = kind == "sliding"
             specs.append(LayerSpec(LayerKind.SLIDING if sliding else LayerKind.FULL,
                                    self.kv_heads_of(i), self.head_dim_of(i),
@@ -87,9 +92,14 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         if "text_config" in cfg:  # multimodal wrapper: serve its text model
+            outer = cfg
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+            if qwen3_5_config.is_qwen3_5(cfg) and "tie_word_embeddings" in outer:
+                cfg["tie_word_embeddings"] = outer["tie_word_embeddings"]  # the wrapper's
         per_layer: dict[str, Any] = {}
-        if gemma4_config.is_gemma4(cfg):
+        if qwen3_5_config.is_qwen3_5(cfg):
+            cfg = qwen3_5_config.with_defaults(cfg)
+        elif gemma4_config.is_gemma4(cfg):
             cfg = gemma4_config.with_defaults(cfg)
             dims, kv_heads = gemma4_config.layer_shapes(cfg)
             per_layer = dict(layer_head_dims=dims, layer_kv_heads=kv_heads,
@@ -137,19 +147,22 @@ def _architecture(cfg: dict[str, Any]) -> str:
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else cfg.get("model_type", "?")
     text_models = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
-                   "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
+                   "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM",
+                   **qwen3_5_config.TEXT_MODEL}
+    if not archs and qwen3_5_config.is_qwen3_5(cfg):
+        arch = "Qwen3_5MoeForCausalLM" if qwen3_5_config.is_moe(cfg) else "Qwen3_5ForCausalLM"
     return text_models.get(arch, arch)
 
 
 def _layer_types(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], int | None]:
-    """("full" | "sliding" per layer, the window), from layer_types, a sliding window
-    pattern, or one kind for all layers."""
+    """("full" | "sliding" | "linear" per layer, the window), from layer_types, a sliding
+    window pattern, or one kind for all layers."""
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
         window = None
     types = cfg.get("layer_types")
     if types is not None and window is None:
-        types = ["full_attention"] * n
+        types = ["full_attention" if t != "linear_attention" else t for t in types]
     if types is None:
         pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
         if window and pattern:
@@ -157,7 +170,8 @@ def _layer_types(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], int | No
                      for i in range(n)]
         else:
             types = ["sliding_attention" if window else "full_attention"] * n
-    return tuple("sliding" if t == "sliding_attention" else "full" for t in types), window
+    kinds = {"sliding_attention": "sliding", "linear_attention": "linear"}
+    return tuple(kinds.get(t, "full") for t in types), window
 
 
 class _Rope(NamedTuple):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from swaserve.checkpoint import gemma4_config
+from swaserve.checkpoint import gemma4_config, qwen3_5_config
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
@@ -40,6 +40,9 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The shapes one rank builds; raises ValueError naming what does not split."""
     if size == 1:
         return cfg
+    if qwen3_5_config.is_qwen3_5(cfg.raw):
+        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (Gated DeltaNet layers, "
+                         "whose state would split by value head) runs on one rank only")
     if not cfg.uniform_attention or gemma4_config.is_gemma4(cfg.raw):
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (per-layer head shapes, "
                          "KV shared across layers, per-layer inputs) runs on one rank only")

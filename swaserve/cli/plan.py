@@ -9,7 +9,7 @@ import json
 
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.config import DTYPE_BYTES, EngineConfig
-from swaserve.memory.planner import compare_accounting
+from swaserve.memory.planner import compare_accounting, recurrent_history_bytes_per_token
 
 PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
                "speculative", "num_draft_tokens", "tensor_parallel_size")
@@ -48,7 +48,20 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         return {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                 for k, a in acc.items()}
 
-    shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers}
+    shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers
+              if spec.conv_state is None}
+    dtype_bytes = DTYPE_BYTES[config.dtype]
+    rec = layout.recurrent_layers
+    recurrent = None
+    if rec:  # per-request state beside the KV (Qwen3.5's Gated DeltaNet layers)
+        spec = layout.layers[rec[0]]
+        recurrent = {
+            "layers": list(rec), "conv_state": list(spec.conv_state),
+            "recurrent_state": list(spec.recurrent_state),
+            "state_bytes_per_request": layout.state_bytes_per_row(dtype_bytes),
+            # what a pool holding every layer's state by token would charge them
+            "history_bytes_per_token": recurrent_history_bytes_per_token(layout, dtype_bytes),
+        }
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
@@ -63,6 +76,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
                    "draft_allowance": (layout.ring_size(config.step_tokens, config.page_size)
                                        - layout.ring_size(config.chunk_size, config.page_size)),
                    "step_tokens": config.step_tokens},
+        "recurrent": recurrent,
         "accounting": accounting(layout),
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())
@@ -78,10 +92,25 @@ def run(args: argparse.Namespace) -> int:
     gib = 1024**3
     print(f"{rep['architecture']} ({rep['model']})")
     lay = rep["layers"]
-    print(f"layers: {len(lay['full'])} full, {len(lay['sliding'])} sliding (W={lay['window']}, "
-          f"ring {lay['ring']} slots: W + {lay['step_tokens']} tokens a step, "
-          f"{lay['draft_allowance']} of them for drafts); budget {rep['kv_memory_bytes'] / gib:.2f} GiB, "
-          f"context {rep['context']}, {rep['dtype']}")
+    rec = rep["recurrent"]
+    if rec is None:
+        print(f"layers: {len(lay['full'])} full, {len(lay['sliding'])} sliding "
+              f"(W={lay['window']}, ring {lay['ring']} slots: W + {lay['step_tokens']} tokens "
+              f"a step, {lay['draft_allowance']} of them for drafts); ")
+    else:
+        print(f"layers: {len(lay['full'])} full, {len(rec['layers'])} recurrent (Gated DeltaNet)")
+    print(f"budget {rep['kv_memory_bytes'] / gib:.2f} GiB, context {rep['context']}, "
+          f"{rep['dtype']}")
+    if rec is not None:
+        c, w = rec["conv_state"]
+        h, dk, dv = rec["recurrent_state"]
+        mib = rec["state_bytes_per_request"] / 2**20
+        hist = rec["history_bytes_per_token"]
+        print(f"recurrent state per request: {mib:.1f} MiB whatever the context (a layer: "
+              f"conv window {c} x {w}, {rep['dtype']}; state {h} x {dk} x {dv}, float32), "
+              f"prepaid with its row; token-scaled and full-history accounting charge these "
+              f"layers {hist:,} B a token ({hist * rep['context'] / 2**20:.1f} MiB at "
+              f"context)")
     if rep["tensor_parallel_size"] > 1:
         print(f"per rank of {rep['tensor_parallel_size']}: {rep['kv_heads_per_rank']} KV heads "
               f"a layer, the budget above on each rank")

@@ -132,6 +132,8 @@ class Engine:
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
                              prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)
+        p = config.page_size  # recurrent state checkpoints: at whole pages
+        self.cache.checkpoint_interval = -(-config.state_checkpoint_interval // p) * p
         self.model = self.backend.model(self.model, self.cache, self.source)
         if self.tp is not None:
             self.cache.copy_log = []

@@ -21,7 +21,14 @@ from swaserve.kernels import q8
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
-from swaserve.models.context import AttnGroup, ForwardContext, KeyView, PromptScore
+from swaserve.models.context import (
+    AttnGroup,
+    ForwardContext,
+    KeyView,
+    PromptScore,
+    RecurrentBatch,
+    RecurrentSeq,
+)
 from swaserve.models.head import HeadOutput
 from swaserve.profile import timed
 
@@ -104,6 +111,8 @@ class ModelRunner:
                              self._t(logit_rows), window_write,
                              INVARIANT_ROW_BLOCK if self.batch_invariant else None,
                              q8.prompt_kernel() if prefills else None)
+        if self.cache.state is not None:
+            ctx.recurrent = self._recurrent(order)
         scored = self._score_rows(order, ctx)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, scored, fill)
@@ -143,6 +152,52 @@ class ModelRunner:
             wslots.extend(sl)
             offset += s.num_tokens
         return (self._t(idx), self._t(wslots)) if idx else None
+
+    def _recurrent(self, order: list[ScheduledSeq]) -> RecurrentBatch:
+        """The runs recurrent layers take this step: one-token seqs batched, the others
+        (prompt chunks, drafted decodes) one by one, each from its row's state slot; a
+        drafted decode gets a snapshot slot for the state after each of its tokens but the
+        last (StatePool.select_draft keeps the accepted one). Every row's state must have
+        taken in exactly the positions before its seq: it takes in the seq's now."""
+        pool = self.cache.state
+        singles, single_slots, seqs, after = [], [], [], []
+        snap = pool.draft_base
+        offset = 0
+        for s in order:
+            row = s.request.row
+            if pool.consumed[row] != s.start:
+                raise RuntimeError(f"{s.request.request_id}: row {row}'s recurrent state "
+                                   f"has taken in {pool.consumed[row]} tokens, but the "
+                                   f"step computes from position {s.start}")
+            saves = []
+            if not s.draft:  # prefix-cache checkpoints (none inside a drafted decode)
+                req, end = s.request, s.start + s.num_tokens
+                at = self.cache.checkpoint_positions(
+                    lambda n, r=req: r.tokens(0, min(n, r.num_known_tokens)), s.start, end,
+                    req.num_prompt_tokens)
+                for pos, slot in self.cache.take_checkpoints(row, at) if at else ():
+                    if pos == end:
+                        after.append((slot, row))
+                    else:
+                        saves.append((pos - s.start, slot))
+            if s.num_tokens == 1:
+                singles.append(offset)
+                single_slots.append(row)
+            elif s.draft:
+                snaps = list(range(snap, snap + len(s.draft)))
+                snap += len(s.draft)
+                if snap > pool.draft_base + pool.draft_slots:
+                    raise RuntimeError(f"state pool: {snap - pool.draft_base} draft "
+                                       f"snapshots this step, room for {pool.draft_slots}")
+                pool.drafts[row] = (s.start, snaps)
+                seqs.append(RecurrentSeq(offset, s.num_tokens, row, snaps))
+            else:
+                seqs.append(RecurrentSeq(offset, s.num_tokens, row, saves=saves))
+            pool.consumed[row] = s.start + s.num_tokens
+            offset += s.num_tokens
+        copies = (self._t([d for d, _ in after]), self._t([r for _, r in after])) if after else None
+        return RecurrentBatch(pool, self._t(singles) if singles else None,
+                              self._t(single_slots) if singles else None, seqs, copies)
 
     def _score_rows(self, order: list[ScheduledSeq], ctx: ForwardContext
                     ) -> list[tuple[Request, int, int]]:

@@ -1,4 +1,5 @@
-"""KVCache: the one owner of request rows, the full pool, the window pool and the prefix
+"""KVCache: the one owner of request rows, the full pool, the window pool, the state pool
+(recurrent layers' per-row state, draft snapshots and prefix checkpoints) and the prefix
 cache (with its window pages). The scheduler asks it for rows and pages; the model runner
 reads its address schemes.
 
@@ -18,6 +19,7 @@ from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
 from swaserve.memory.prefix_cache import Match, PrefixCache, WindowPagePool
 from swaserve.memory.rows import RequestRows
+from swaserve.memory.state_pool import StatePool
 from swaserve.memory.window_pool import EMPTY, WindowPool
 
 
@@ -49,19 +51,31 @@ class KVCache:
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
+        self.state: StatePool | None = None
+        if layout.recurrent_layers:
+            self.state = StatePool(layout, plan.num_rows, plan.draft_state_slots,
+                                   plan.state_checkpoint_slots, dtype, device, kv_device)
+            self.rows.register_on_alloc_rows(self.state.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
         if prefix_cache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
                                                    dtype, kv_device)
-            if not layout.sliding_layers or self.window_pages is not None:
+            windows_ok = not layout.sliding_layers or self.window_pages is not None
+            states_ok = self.state is None or plan.state_checkpoint_slots > 0
+            if windows_ok and states_ok:
                 self.prefix = PrefixCache(
                     plan.page_size, layout.max_window, self.full is not None,
                     bool(layout.sliding_layers),
-                    self.full.allocator if self.full is not None else None, self.window_pages)
+                    self.full.allocator if self.full is not None else None, self.window_pages,
+                    self.state.checkpoints if self.state is not None else None)
         self.row_pages: dict[int, list[int]] = {}
         self.row_window_pages: dict[int, list[int | None]] = {}
+        # recurrent-state checkpoints a row took and holds until it is freed: position ->
+        # checkpoint; the prefix tree takes its own reference when the row caches them
+        self.row_checkpoints: dict[int, dict[int, int]] = {}
+        self.checkpoint_interval = 0  # tokens between two checkpoints (set by the engine)
         # tensor parallelism: the KV copies made outside a forward (forks, prefix hits), in
         # order, for the other ranks to replay on their shards before the next forward
         self.copy_log: list[tuple[str, torch.Tensor, str, torch.Tensor]] | None = None
@@ -73,6 +87,7 @@ class KVCache:
             return None
         self.row_pages[got[0]] = []
         self.row_window_pages[got[0]] = []
+        self.row_checkpoints[got[0]] = {}
         return got[0]
 
     def free_row(self, row: int) -> None:
@@ -82,6 +97,11 @@ class KVCache:
         wpages = [w for w in self.row_window_pages.pop(row) if w is not None]
         if wpages:
             self.window_pages.allocator.decref(wpages)
+        if self.state is not None:
+            self.state.drafts.pop(row, None)
+        held = list(self.row_checkpoints.pop(row).values())
+        if held:
+            self.state.checkpoints.decref(held)
         self.rows.free(row)
 
     # -- full-pool pages -----------------------------------------------------------------
@@ -153,7 +173,12 @@ class KVCache:
         hold no position any more, and the full and window pages past those that positions
         [0, start + 1) use go back to their pools. Whatever these positions wrote is
         rewritten before it is read: masks come from positions, and a row computes a
-        position before attending to it."""
+        position before attending to it. A recurrent state is not rewritten: it takes the
+        snapshot of the drafted step after position start - 1 (StatePool.select_draft)."""
+        if self.state is not None and row in self.state.drafts:
+            for dst, src in self.state.select_draft(row, start):
+                self.copy_kv("state", torch.tensor([dst], device=self.device),
+                             "state", torch.tensor([src], device=self.device))
         if end <= start:
             return
         if self.window is not None:
@@ -218,6 +243,14 @@ class KVCache:
             shared_w = self.row_window_pages[src][:whole]
             self.window_pages.allocator.incref([w for w in shared_w if w is not None])
             self.row_window_pages[row] = list(shared_w)
+        if self.state is not None:  # the state after exactly num_tokens tokens
+            if self.state.consumed[src] != num_tokens:
+                self.free_row(row)
+                raise RuntimeError(f"fork: row {src}'s recurrent state has taken in "
+                                   f"{self.state.consumed[src]} tokens, not {num_tokens}")
+            self.copy_kv("state", torch.tensor([row], device=self.device),
+                         "state", torch.tensor([src], device=self.device))
+            self.state.consumed[row] = num_tokens
         if self.window is not None:
             self.window.copy_row(src, row)
             if self.copy_log is not None:
@@ -226,6 +259,42 @@ class KVCache:
                     ("ring", torch.arange(row * ring, (row + 1) * ring, device=self.device),
                      "ring", torch.arange(src * ring, (src + 1) * ring, device=self.device)))
         return row
+
+    def checkpoint_positions(self, tokens, start: int, end: int, prompt_len: int) -> list[int]:
+        """Positions in (start, end] after which a row computing positions [start, end)
+        takes a state checkpoint: every `checkpoint_interval` tokens and the prompt's last
+        page boundaries (those before its last token, where the same prompt hits, and at its
+        end, where a longer one does), unless the tree holds one there already. `tokens(n)`
+        gives the first n tokens (those known, where fewer are)."""
+        if self.prefix is None or self.state is None:
+            return []
+        p, every = self.page_size, self.checkpoint_interval
+        ends = {(prompt_len - 1) // p * p, prompt_len // p * p}
+        first = -(-(start + 1) // p) * p
+        at = [pos for pos in range(first, end + 1, p)
+              if pos in ends or (every and pos % every == 0)]
+        if not at:
+            return []
+        known = tokens(at[-1])
+        return [pos for pos in at
+                if not (pos <= len(known) and self.prefix.has_state_at(known[:pos]))]
+
+    def take_checkpoints(self, row: int, positions: list[int]) -> list[tuple[int, int]]:
+        """Checkpoint slots for the state of `row` after each of `positions` (the row holds
+        them until it is freed), dropping least recently used ones of the tree where the
+        budget is full: (position, state-pool slot) for those it got."""
+        out = []
+        alloc = self.state.checkpoints
+        for pos in positions:
+            if alloc.num_free == 0 and not self.prefix.evict_states(1):
+                break
+            ck = alloc.alloc(1)[0]
+            old = self.row_checkpoints[row].get(pos)
+            if old is not None:
+                alloc.decref([old])
+            self.row_checkpoints[row][pos] = ck
+            out.append((pos, self.state.checkpoint_slot(ck)))
+        return out
 
     def match_prefix(self, tokens: list[int]) -> Match | None:
         if self.prefix is None:
@@ -255,6 +324,11 @@ class KVCache:
             dst = (row * ring + pos % ring).to(self.window.positions.device)
             self.copy_kv("ring", dst, "window_pages", src)
             self.window.positions[dst] = pos.to(self.window.positions.device)
+        if self.state is not None:  # the checkpoint at the hit point into the row's slot
+            self.copy_kv("state", torch.tensor([row], device=self.device), "state",
+                         torch.tensor([self.state.checkpoint_slot(m.state)],
+                                      device=self.device))
+            self.state.consumed[row] = m.num_tokens
         self.prefix.hit_tokens += m.num_tokens
 
     def copy_kv(self, dst_pool: str, dst: torch.Tensor, src_pool: str, src: torch.Tensor,
@@ -279,14 +353,19 @@ class KVCache:
         return out
 
     def _kv_buffers(self, pool: str) -> list[torch.Tensor]:
+        if pool == "state":  # slots of every recurrent layer's conv and ssm buffers
+            return self.state.buffers
         p = {"full": self.full, "ring": self.window, "window_pages": self.window_pages}[pool]
         return p.k + p.v
 
     def cache_tokens(self, row: int, tokens: list[int]):
-        """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree."""
+        """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree,
+        with the state checkpoints the row took within them."""
         n = len(tokens) // self.page_size
+        states = {pos // self.page_size: ck for pos, ck in self.row_checkpoints[row].items()
+                  if pos <= n * self.page_size}
         return self.prefix.insert(tokens[:n * self.page_size], self.row_pages[row][:n],
-                                  self.row_window_pages[row][:n])
+                                  self.row_window_pages[row][:n], states)
 
     # -- accounting ----------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -298,11 +377,14 @@ class KVCache:
             total += self.window.nbytes() + self.window.positions.numel() * 8
         if self.window_pages is not None:
             total += self.window_pages.nbytes()
+        if self.state is not None:
+            total += self.state.nbytes()
         return total
 
     def usage(self) -> dict[str, tuple[int, int]]:
-        """(used, free) bytes of each pool: "full" (pages), "ring" (request rows' rings) and
-        "window_pages" (the prefix cache's sliding-layer pages)."""
+        """(used, free) bytes of each pool: "full" (pages), "ring" (request rows' rings),
+        "window_pages" (the prefix cache's sliding-layer pages), "state" (request rows'
+        recurrent state) and "state_checkpoints" (the prefix cache's)."""
         out: dict[str, tuple[int, int]] = {}
         if self.full is not None:
             a = self.full.allocator
@@ -316,6 +398,12 @@ class KVCache:
             a = self.window_pages.allocator
             per = self.window_pages.nbytes() // max(1, a.num_pages)
             out["window_pages"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
+        if self.state is not None:
+            per = self.state.slot_bytes()
+            free = self.rows.num_free
+            out["state"] = ((self.rows.num_rows - free) * per, free * per)
+            a = self.state.checkpoints
+            out["state_checkpoints"] = ((a.num_pages - a.num_free) * per, a.num_free * per)
         return out
 
     def is_fully_free(self) -> bool:
@@ -331,6 +419,10 @@ class KVCache:
         if self.window_pages is not None:
             a = self.window_pages.allocator
             if a.num_pages - a.num_free != len(held_win):
+                return False
+        if self.state is not None and self.prefix is not None:
+            a = self.state.checkpoints
+            if a.num_pages - a.num_free != len(self.prefix.state_references()):
                 return False
         return True
 
@@ -355,3 +447,10 @@ class KVCache:
             for page, count in enumerate(self.window_pages.allocator.refcount):
                 if count != refs.get(page, 0) + held_win.get(page, 0):
                     raise AssertionError(f"window pages: page {page} has refcount {count}")
+        if self.state is not None:
+            held = Counter(ck for cks in self.row_checkpoints.values() for ck in cks.values())
+            if self.prefix is not None:
+                held.update(self.prefix.state_references())
+            self.state.check_integrity(held)
+            if set(self.state.drafts) - set(self.row_pages):
+                raise AssertionError("state pool: draft snapshots of a free row")

@@ -1,11 +1,16 @@
-"""CacheLayout: which attention layers keep full history and which keep a window, and
-which layers store no KV of their own but read another layer's (Gemma 4's KV sharing).
+"""CacheLayout: which attention layers keep full history and which keep a window, which
+layers store no KV of their own but read another layer's (Gemma 4's KV sharing), and which
+keep a fixed-size recurrent state instead of KV (Qwen3.5's Gated DeltaNet layers).
 
 Full layers get a dense index into the full pool and sliding layers a dense index into the
 window pool, so that a sliding layer between two full ones never shifts a full layer's slot.
 Each layer has its own shape (KV heads, head size), so pools and rings are sized per layer.
 A reusing layer (`kv_source` set) has no buffer: its dense index is its source's, so it reads
 the source's ring or pages through the same slot addresses in the same step.
+A recurrent layer keeps no KV at all: per request row, one causal-conv window
+(`conv_state`: channels x (kernel - 1), in the model dtype) and one recurrent matrix per head
+(`recurrent_state`: heads x d_k x d_v, float32), whatever the context length
+(memory/state_pool.py); its dense index counts the recurrent layers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 class LayerKind(enum.Enum):
     FULL = "full"
     SLIDING = "sliding"
+    RECURRENT = "recurrent"  # a fixed-size state per request (Gated DeltaNet), no KV
 
 
 @dataclass(frozen=True)
@@ -30,15 +36,37 @@ class LayerSpec:
     window: int | None = None  # only for SLIDING
     fixed_state_bytes: int = 0  # per-request state beside the KV (e.g. a compression ring)
     kv_source: int | None = None  # the earlier layer whose KV this one reads (stores none)
+    # RECURRENT only: (channels, kernel - 1) of the conv window, in the model dtype, and
+    # (heads, d_k, d_v) of the recurrent state, in float32
+    conv_state: tuple[int, int] | None = None
+    recurrent_state: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.kind is LayerKind.SLIDING) != (self.window is not None):
             raise ValueError("a sliding layer needs a window and a full layer must not have one")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
+        recurrent = self.kind is LayerKind.RECURRENT
+        if recurrent != (self.conv_state is not None and self.recurrent_state is not None):
+            raise ValueError("a recurrent layer needs conv and recurrent state shapes, and "
+                             "only a recurrent layer has them")
+        if recurrent and self.kv_source is not None:
+            raise ValueError("a recurrent layer keeps its own state")
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        if self.kind is LayerKind.RECURRENT:
+            return 0
         return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of per-request state beside the KV: `fixed_state_bytes`, and a recurrent
+        layer's conv window (model dtype) and recurrent matrices (float32)."""
+        out = self.fixed_state_bytes
+        if self.kind is LayerKind.RECURRENT:
+            c, w = self.conv_state
+            h, dk, dv = self.recurrent_state
+            out += c * w * dtype_bytes + h * dk * dv * 4
+        return out
 
     @property
     def stores_kv(self) -> bool:
@@ -72,6 +100,15 @@ class CacheLayout:
         """Sliding layers that store KV (one ring buffer each)."""
         return tuple(i for i, s in enumerate(self.layers)
                      if s.kind is LayerKind.SLIDING and s.stores_kv)
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """Layers that keep a recurrent state per request (one state-pool buffer each)."""
+        return tuple(i for i, s in enumerate(self.layers) if s.kind is LayerKind.RECURRENT)
+
+    def state_bytes_per_row(self, dtype_bytes: int) -> int:
+        """The recurrent layers' state of one request (conv windows and matrices)."""
+        return sum(self.layers[i].state_bytes(dtype_bytes) for i in self.recurrent_layers)
 
     @property
     def reusing_layers(self) -> tuple[int, ...]:

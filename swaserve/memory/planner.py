@@ -1,13 +1,19 @@
 """Memory planner: turns one byte budget into pool sizes by ring accounting.
 
 Ring accounting charges what windowed storage really uses:
-- fixed, per request row: `ring * sum_sliding(kv bytes/token)` plus any per-request state;
+- fixed, per request row: `ring * sum_sliding(kv bytes/token)` plus any per-request state
+  (a recurrent layer's conv window and recurrent matrices: memory/state_pool.py);
 - per token: `sum_full(kv bytes/token)` only.
+Beside the rows, the state pool's other slots are fixed bytes too: a speculative step's
+draft snapshots and the prefix cache's state checkpoints (their own budget,
+`state_cache_bytes`).
 Sums run over the layers that store KV, each at its own shape: a layer that reuses another
 layer's KV (Gemma 4's shared layers) is charged nothing.
 Full-pool tokens = (budget - rows * fixed) / per-token bytes, rounded down to whole pages.
 `compare_accounting` puts this beside token-scaled accounting (sliding layers charged per
-token, as engines that pool SWA KV by token do) and full-history storage (no windowing).
+token, as engines that pool SWA KV by token do) and full-history storage (no windowing);
+both of those charge a recurrent layer per token too, as the KV of its own key and value
+heads: what a pool that holds every layer's state by token would reserve for it.
 `plan_kv` is the budget an engine's config asks for, planned.
 """
 
@@ -35,6 +41,12 @@ class MemoryPlan:
     fixed_bytes_per_row: int
     window_cache_pages: int = 0  # prefix cache: sliding-layer KV pages of cached tokens
     window_bytes_per_token: int = 0
+    # the state pool (recurrent layers): one slot's bytes (each row's is in
+    # fixed_bytes_per_row), the slots for a speculative step's snapshots, and the prefix
+    # cache's state checkpoints
+    state_slot_bytes: int = 0
+    draft_state_slots: int = 0
+    state_checkpoint_slots: int = 0
 
     @property
     def full_pool_tokens(self) -> int:
@@ -44,7 +56,9 @@ class MemoryPlan:
     def used_bytes(self) -> int:
         return (self.num_rows * self.fixed_bytes_per_row
                 + self.full_pool_tokens * self.full_bytes_per_token
-                + self.window_cache_pages * self.page_size * self.window_bytes_per_token)
+                + self.window_cache_pages * self.page_size * self.window_bytes_per_token
+                + (self.draft_state_slots + self.state_checkpoint_slots)
+                * self.state_slot_bytes)
 
     def describe(self) -> str:
         gib = 1024**3
@@ -52,7 +66,12 @@ class MemoryPlan:
                 f"(ring {self.ring} slots, {self.fixed_bytes_per_row / 2**20:.1f} MiB each), "
                 f"full pool {self.full_pool_tokens} tokens in {self.full_pool_pages} pages of "
                 f"{self.page_size} ({self.full_bytes_per_token} B/token), prefix-cache window "
-                f"pages {self.window_cache_pages}; uses {self.used_bytes / gib:.3f} GiB")
+                f"pages {self.window_cache_pages}"
+                + (f", recurrent state {self.state_slot_bytes / 2**20:.1f} MiB a row "
+                   f"(+{self.draft_state_slots} draft snapshots, "
+                   f"{self.state_checkpoint_slots} prefix checkpoints)"
+                   if self.state_slot_bytes else "")
+                + f"; uses {self.used_bytes / gib:.3f} GiB")
 
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -66,12 +85,25 @@ def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
     return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.sliding_layers)
 
 
+def recurrent_history_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+    """What the recurrent layers would keep per token as the KV of their own key and value
+    heads (channels = 2 key + value widths): what a pool holding every layer's state by
+    token would charge them."""
+    total = 0
+    for i in layout.recurrent_layers:
+        spec = layout.layers[i]
+        channels, (heads, _, dv) = spec.conv_state[0], spec.recurrent_state
+        total += ((channels - heads * dv) // 2 + heads * dv) * dtype_bytes
+    return total
+
+
 def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
                         max_model_len: int = 0) -> int:
     """What one request row prepays: its rings, the ring slots' recorded positions (int64,
-    shared by all sliding layers), per-request layer state, and (with `max_model_len`) its
-    req-to-token row of int64 full-pool slots."""
-    state = sum(s.fixed_state_bytes for s in layout.layers)
+    shared by all sliding layers), per-request layer state (a recurrent layer's conv window
+    and matrices), and (with `max_model_len`) its req-to-token row of int64 full-pool
+    slots."""
+    state = sum(s.state_bytes(dtype_bytes) for s in layout.layers)
     positions = 8 * ring if ring else 0
     table = 8 * max_model_len if layout.full_layers else 0
     return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions + table
@@ -79,13 +111,19 @@ def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
 
 def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
                 page_size: int, max_model_len: int, max_running_requests: int | None = None,
-                window_cache_bytes: int = 0) -> MemoryPlan:
+                window_cache_bytes: int = 0, draft_state_slots: int = 0,
+                state_cache_bytes: int = 0) -> MemoryPlan:
     """Size the pools for `budget_bytes`, of which `window_cache_bytes` go to the prefix
-    cache's window pages. Raises ValueError when the budget cannot hold one request row plus
-    one page of full KV."""
+    cache's window pages and `state_cache_bytes` to its state checkpoints; a model with
+    recurrent layers also keeps `draft_state_slots` snapshots for speculative steps. Raises
+    ValueError when the budget cannot hold one request row plus one page of full KV."""
     swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
     window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
-    budget_all, budget_bytes = budget_bytes, budget_bytes - window_pages * swa_bpt * page_size
+    slot = layout.state_bytes_per_row(dtype_bytes)
+    drafts = draft_state_slots if slot else 0
+    checkpoints = state_cache_bytes // slot if slot else 0
+    budget_all = budget_bytes
+    budget_bytes -= window_pages * swa_bpt * page_size + (drafts + checkpoints) * slot
     ring = layout.ring_size(chunk_size, page_size)
     fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len)
     per_token = full_bytes_per_token(layout, dtype_bytes)
@@ -101,7 +139,8 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
         need = rows * fixed + page_bytes
         raise ValueError(
             f"kv_memory: {budget_bytes} bytes cannot hold {rows} request rows "
-            f"({fixed} bytes each for sliding-window rings) plus one full-KV page; "
+            f"({fixed} bytes each for sliding-window rings and recurrent state) plus one "
+            "full-KV page; "
             f"need at least {need} bytes, or lower max_running_requests")
     if per_token:
         pages = remaining // page_bytes
@@ -113,7 +152,8 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     return MemoryPlan(budget_bytes=budget_all, num_rows=rows, ring=ring, page_size=page_size,
                       full_pool_pages=pages, full_bytes_per_token=per_token,
                       fixed_bytes_per_row=fixed, window_cache_pages=window_pages,
-                      window_bytes_per_token=swa_bpt)
+                      window_bytes_per_token=swa_bpt, state_slot_bytes=slot,
+                      draft_state_slots=drafts, state_checkpoint_slots=checkpoints)
 
 
 @dataclass(frozen=True)
@@ -135,6 +175,7 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
     full-history storage, for requests of `context` tokens."""
     full_bpt = full_bytes_per_token(layout, dtype_bytes)
     swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    rec_bpt = recurrent_history_bytes_per_token(layout, dtype_bytes)
     ring = layout.ring_size(chunk_size, page_size)
     fixed = fixed_bytes_per_row(layout, ring, dtype_bytes)
     ctx_tokens = -(-context // page_size) * page_size
@@ -152,7 +193,7 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
     ring_acc = Accounting("ring", full_bpt, fixed, ring_tokens, n_ring, per_req)
 
     # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well
-    ts_bpt = full_bpt + swa_ratio * swa_bpt
+    ts_bpt = full_bpt + swa_ratio * swa_bpt + rec_bpt
     ts_tokens = int(budget_bytes // ts_bpt) // page_size * page_size if ts_bpt else 0
     if full_bpt:
         n_ts = ts_tokens // ctx_tokens
@@ -165,7 +206,7 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
                         int(ctx_tokens * ts_bpt))
 
     # (c) full history: every layer keeps every token
-    fh_bpt = full_bpt + swa_bpt
+    fh_bpt = full_bpt + swa_bpt + rec_bpt
     fh_tokens = (budget_bytes // (fh_bpt * page_size)) * page_size if fh_bpt else 0
     fh_acc = Accounting("full_history", fh_bpt, 0, fh_tokens, bound(fh_tokens // ctx_tokens),
                         ctx_tokens * fh_bpt)
@@ -176,7 +217,8 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
             device: torch.device, prefix_cache: bool, pending_bytes: int = 0) -> MemoryPlan:
     """Pool sizes for the KV budget: `kv_memory`, else `mem_fraction` of free memory (less
     `pending_bytes`, what the model will still allocate: `CausalLM.pending_bytes`), else
-    1 GiB; the prefix cache's window pages take `window_cache_memory` (a fifth) of it."""
+    1 GiB; the prefix cache's window pages take `window_cache_memory` (a fifth) of it, its
+    state checkpoints `state_cache_memory` (a fifth)."""
     budget = config.kv_memory_bytes
     if budget is None and config.mem_fraction is not None:
         free = max(_free_memory_bytes(device) - pending_bytes, 0)
@@ -186,11 +228,17 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
     if prefix_cache and layout.sliding_layers:
         window_cache = (parse_bytes(config.window_cache_memory) if config.window_cache_memory
                         else budget // 5)
+    state_cache = 0
+    if prefix_cache and layout.recurrent_layers:
+        state_cache = (parse_bytes(config.state_cache_memory) if config.state_cache_memory
+                       else budget // 5)
     return plan_memory(layout, budget, DTYPE_BYTES[config.dtype],
                        chunk_size=config.step_tokens, page_size=config.page_size,
                        max_model_len=max_model_len,
                        max_running_requests=config.max_running_requests,
-                       window_cache_bytes=window_cache)
+                       window_cache_bytes=window_cache,
+                       draft_state_slots=config.draft_state_slots,
+                       state_cache_bytes=state_cache)
 
 
 def _free_memory_bytes(device: torch.device) -> int:

@@ -20,6 +20,17 @@ leaves would cost time in proportion to the tree on every eviction, and a server
 cache is full evicts a page or two every decode step; a cache of a few GiB holds
 ~100,000 nodes.
 
+Recurrent layers (Qwen3.5's Gated DeltaNet) are the other way round: their state after a
+position cannot be rebuilt from any band of KV, only from all of the tokens before, so the
+tree keeps state *checkpoints* on some nodes (the state after the node's last token, in a
+slot of the state pool's checkpoint region, memory/state_pool.py): taken every
+`state_checkpoint_interval` tokens and at each prompt's last page boundaries as a request
+computes them, and handed to the tree with its pages. A hit backs off to the deepest node
+of the matched path that has one (SGLang's mamba radix cache and vLLM's "align" mode do the
+same); the rest is recomputed. Checkpoints live in their own budget (`state_cache_memory`);
+when it is full, the least recently used checkpoint of an unlocked node is dropped (its
+node keeps its pages), never one on a path a running request holds.
+
 Address scheme: window page `w` holds positions of one full page at slots
 `w * page_size + offset` of one buffer per sliding layer (dense sliding index).
 """
@@ -61,6 +72,7 @@ class Node:
     full_page: int | None  # None for models without full layers
     window_page: int | None  # None when this page's sliding KV is not held
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    state: int | None = None  # recurrent-state checkpoint after this node's last token
     lock: int = 0  # running requests whose prefix passes through this node
     last_access: int = 0
 
@@ -71,16 +83,23 @@ class Match:
     num_tokens: int  # cached tokens that need no recompute
     full_pages: list[int]
     window_pages: list[int | None]
+    state: int | None = None  # the checkpoint to restore (models with recurrent layers)
 
 
 class PrefixCache:
     def __init__(self, page_size: int, window: int, has_full: bool, has_sliding: bool,
-                 full_alloc: PageAllocator | None, window_pool: WindowPagePool | None):
+                 full_alloc: PageAllocator | None, window_pool: WindowPagePool | None,
+                 state_alloc: PageAllocator | None = None):
         self.page_size = page_size
         self.window = window
         self.has_full, self.has_sliding = has_full, has_sliding
         self.full_alloc = full_alloc
         self.window_pool = window_pool
+        # recurrent-state checkpoints (one "page" of this allocator each), and the nodes
+        # that hold one
+        self.state_alloc = state_alloc
+        self.has_state = state_alloc is not None
+        self._stateful: set[Node] = set()
         self.root = Node((), None, None, None)
         self._clock = itertools.count(1)
         # (last_access, order, node) of nodes that may be evictable leaves (module docstring)
@@ -103,15 +122,13 @@ class PrefixCache:
                 break
             path.append(child)
             node = child
-        best = 0
+        best = len(path)
         if self.has_sliding:
             need = -(-self.window // p)  # pages of window before the hit point
-            for n in range(len(path), 0, -1):
-                if all(path[j].window_page is not None for j in range(max(0, n - need), n)):
-                    best = n
-                    break
-        else:
-            best = len(path)
+            best = next((n for n in range(best, 0, -1) if all(
+                path[j].window_page is not None for j in range(max(0, n - need), n))), 0)
+        if self.has_state:  # back off to the deepest checkpoint
+            best = next((n for n in range(best, 0, -1) if path[n - 1].state is not None), 0)
         now = next(self._clock)
         for n in path[:best]:
             n.last_access = now
@@ -120,7 +137,16 @@ class PrefixCache:
             self._offer(hit[-1])
         return Match(hit[-1] if hit else self.root, best * p,
                      [n.full_page for n in hit] if self.has_full else [],
-                     [n.window_page for n in hit])
+                     [n.window_page for n in hit], hit[-1].state if hit else None)
+
+    def has_state_at(self, tokens: list[int]) -> bool:
+        """Whether the node of the whole pages `tokens` exists and holds a checkpoint."""
+        p, node = self.page_size, self.root
+        for i in range(len(tokens) // p):
+            node = node.children.get(tuple(tokens[i * p:(i + 1) * p]))
+            if node is None:
+                return False
+        return node is not self.root and node.state is not None
 
     def lock(self, node: Node, delta: int) -> None:
         while node is not None and node is not self.root:
@@ -133,9 +159,11 @@ class PrefixCache:
 
     # -- insertion -------------------------------------------------------------------------
     def insert(self, tokens: list[int], full_pages: list[int],
-               window_pages: list[int | None]) -> Node:
-        """Cache the whole pages of `tokens`. The tree takes its own references; pages a node
-        already holds are kept (the caller's duplicates stay the caller's)."""
+               window_pages: list[int | None], states: dict[int, int] | None = None) -> Node:
+        """Cache the whole pages of `tokens`; `states` maps a number of pages to the
+        checkpoint of the state after them. The tree takes its own references; pages and
+        checkpoints a node already holds are kept (the caller's duplicates stay the
+        caller's)."""
         p = self.page_size
         n_pages = len(tokens) // p
         node = self.root
@@ -156,6 +184,11 @@ class PrefixCache:
             elif child.window_page is None and wp is not None:
                 self.window_pool.allocator.incref([wp])
                 child.window_page = wp
+            st = states.get(i + 1) if states else None
+            if st is not None and child.state is None:
+                self.state_alloc.incref([st])
+                child.state = st
+                self._stateful.add(child)
             child.last_access = now
             node = child
         self._offer(node)
@@ -187,6 +220,21 @@ class PrefixCache:
                 self._remove(node)
         return True
 
+    def evict_states(self, n: int) -> bool:
+        """Drop the checkpoints of unlocked nodes, least recently used first, until `n`
+        checkpoint slots are free (their nodes keep their pages). False if it cannot."""
+        while self.state_alloc.num_free < n:
+            free = [x for x in self._stateful if x.lock == 0]
+            if not free:
+                return False
+            self._drop_state(min(free, key=lambda x: x.last_access))
+        return True
+
+    def _drop_state(self, node: Node) -> None:
+        self.state_alloc.decref([node.state])
+        node.state = None
+        self._stateful.discard(node)
+
     def _evictable(self, node: Node) -> bool:
         """An unlocked leaf still in the tree."""
         parent = node.parent
@@ -216,6 +264,8 @@ class PrefixCache:
             self.full_alloc.decref([node.full_page])
         if node.window_page is not None:
             self.window_pool.allocator.decref([node.window_page])
+        if node.state is not None:
+            self._drop_state(node)
         del node.parent.children[node.tokens]
         self.num_nodes -= 1
         self._offer(node.parent)
@@ -224,12 +274,26 @@ class PrefixCache:
         """Pages the tree holds (full, window) -> count, for integrity checks."""
         full: dict[int, int] = {}
         win: dict[int, int] = {}
-        stack = list(self.root.children.values())
-        while stack:
-            n = stack.pop()
+        for n in self.nodes():
             if n.full_page is not None:
                 full[n.full_page] = full.get(n.full_page, 0) + 1
             if n.window_page is not None:
                 win[n.window_page] = win.get(n.window_page, 0) + 1
-            stack.extend(n.children.values())
         return full, win
+
+    def state_references(self) -> dict[int, int]:
+        """Checkpoints the tree holds -> count (1 each), for integrity checks."""
+        held: dict[int, int] = {}
+        for n in self.nodes():
+            if n.state is not None:
+                held[n.state] = held.get(n.state, 0) + 1
+        if set(self._stateful) != {n for n in self.nodes() if n.state is not None}:
+            raise AssertionError("prefix cache: the checkpoint set is not the nodes with one")
+        return held
+
+    def nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())

@@ -8,12 +8,13 @@ one padded group), then each prefill chunk as its own group. For every group and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
+    from swaserve.memory.state_pool import StatePool
     from swaserve.models.head import KeyedRows
 
 
@@ -73,6 +74,34 @@ class PromptScore:
 
 
 @dataclass
+class RecurrentSeq:
+    """A run of consecutive tokens of one request that a recurrent layer takes in order,
+    starting from the state in `slot`, leaving its state there at the end."""
+
+    start: int  # first token in the flattened batch
+    num_tokens: int
+    slot: int  # the request row's state slot
+    # a drafted decode: the slot for the state after each of its tokens but the last
+    snapshots: list[int] | None = None
+    # prefix-cache checkpoints inside the run: (tokens taken in, < num_tokens, slot)
+    saves: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class RecurrentBatch:
+    """What recurrent layers (Qwen3.5's Gated DeltaNet) read and write in a step: the state
+    pool, the one-token runs (decodes, one-token chunks) as one batch, the longer runs one
+    by one, and slot copies each layer makes once its state is written (checkpoints taken
+    at a run's end: dst <- src)."""
+
+    pool: StatePool
+    single_tokens: torch.Tensor | None  # [B] rows of the flattened batch
+    single_slots: torch.Tensor | None  # [B] their state slots
+    seqs: list[RecurrentSeq]
+    after: tuple[torch.Tensor, torch.Tensor] | None = None  # (dst slots, src slots)
+
+
+@dataclass
 class ForwardContext:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -100,3 +129,6 @@ class ForwardContext:
     # rows that sample by a temperature alone with keyed noise, one row per logits row: the
     # head may return their tokens too (SPLIT) where it finds them without their logits
     keyed: KeyedRows | None = None
+    # recurrent layers' runs and state slots (None: no recurrent layer, or an encoder
+    # forward, whose groups are whole prompts from a zero state that keep nothing)
+    recurrent: RecurrentBatch | None = None

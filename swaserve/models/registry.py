@@ -14,6 +14,8 @@ _REGISTRY = {
     "Qwen2ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "GptOssForCausalLM": ("swaserve.models.gpt_oss", "GptOssForCausalLM"),
+    "Qwen3_5ForCausalLM": ("swaserve.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("swaserve.models.qwen3_5", "Qwen3_5ForCausalLM"),
 }
 
 

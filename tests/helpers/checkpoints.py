@@ -162,3 +162,44 @@ def write_tiny_gemma4(path, window=TINY_WINDOW, seed=0, **kw):
         for layer in model.model.layers:
             layer.layer_scalar.uniform_(0.5, 1.5)
     return _save(model.eval(), path)
+
+
+def write_tiny_qwen3_5(path, seed=0, moe=False, **kw):
+    """A tiny Qwen3.5 text checkpoint at `path`: 8 layers, three Gated DeltaNet layers to
+    each gated full-attention one, value heads grouped two to a key head, partial RoPE
+    (a quarter of 16 dims); with `moe` the MoE variant (4 experts, top 2, a shared expert):
+    (path, model)."""
+    from transformers import (
+        Qwen3_5ForCausalLM,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+    )
+
+    args = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=2,
+                eos_token_id=1, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000.0,
+                                 "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                                 "mrope_interleaved": True})
+    if moe:
+        args.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                    shared_expert_intermediate_size=24)
+        args.pop("intermediate_size")
+    config_cls, model_cls = ((Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if moe
+                             else (Qwen3_5TextConfig, Qwen3_5ForCausalLM))
+    cfg = config_cls(**{**args, **kw})
+    torch.manual_seed(seed)
+    model = model_cls(cfg)
+    with torch.no_grad():  # (1 + w) norms away from 1, the gated norm's w away from 1
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.normal_(1.0, 0.3)
+            elif "norm" in name:
+                p.normal_(0.0, 0.3)
+            elif name.endswith("dt_bias"):
+                p.normal_(0.0, 0.5)
+    return _save(model.eval(), path)

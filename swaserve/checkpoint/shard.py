@@ -40,6 +40,9 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The shapes one rank builds; raises ValueError naming what does not split."""
     if size == 1:
         return cfg
+    if cfg.layer_compress:
+        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (compressed attention, "
+                         "hyper-connections) runs on one rank only")
     if not cfg.uniform_attention or gemma4_config.is_gemma4(cfg.raw):
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (per-layer head shapes, "
                          "KV shared across layers, per-layer inputs) runs on one rank only")

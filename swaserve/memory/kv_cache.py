@@ -13,6 +13,7 @@ from collections import Counter
 
 import torch
 
+from swaserve.memory.compress_pool import CompressPool
 from swaserve.memory.full_pool import FullKVPool
 from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
@@ -49,6 +50,13 @@ class KVCache:
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
+        self.compress: CompressPool | None = None  # DeepSeek-V4's compressed layers
+        if layout.compressed_layers:
+            if prefix_cache:
+                raise ValueError("prefix_cache: not exact yet with compressed layers "
+                                 "(DeepSeek-V4's compress state at a cut); turn it off")
+            self.compress = CompressPool(layout, plan.num_rows, max_model_len, dtype, kv_device)
+            self.rows.register_on_alloc_rows(self.compress.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
         if prefix_cache:
@@ -160,6 +168,8 @@ class KVCache:
             ring = self.window.ring
             slots = row * ring + torch.arange(start, end) % ring
             self.window.positions[slots.to(self.window.positions.device)] = EMPTY
+        if self.compress is not None:
+            self.compress.forget(row, start, end)
         keep = -(-(start + 1) // self.page_size)
         if self.full is not None and len(self.row_pages[row]) > keep:
             self.full.allocator.decref(self.row_pages[row][keep:])
@@ -218,6 +228,8 @@ class KVCache:
             shared_w = self.row_window_pages[src][:whole]
             self.window_pages.allocator.incref([w for w in shared_w if w is not None])
             self.row_window_pages[row] = list(shared_w)
+        if self.compress is not None:
+            self.compress.copy_row(src, row, num_tokens)
         if self.window is not None:
             self.window.copy_row(src, row)
             if self.copy_log is not None:
@@ -298,6 +310,8 @@ class KVCache:
             total += self.window.nbytes() + self.window.positions.numel() * 8
         if self.window_pages is not None:
             total += self.window_pages.nbytes()
+        if self.compress is not None:
+            total += self.compress.nbytes()
         return total
 
     def usage(self) -> dict[str, tuple[int, int]]:
@@ -340,6 +354,8 @@ class KVCache:
 
     def check_integrity(self) -> None:
         self.rows.check_integrity()
+        if self.compress is not None:
+            self.compress.check_integrity(set(self.row_pages))
         held_full, held_win = self.prefix.references() if self.prefix is not None else ({}, {})
         if self.full is not None:
             self.full.check_integrity()

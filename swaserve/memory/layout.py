@@ -15,6 +15,40 @@ import enum
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class CompressSpec:
+    """A DeepSeek-V4 compressed layer's state beside its sliding K=V branch: one pooled
+    entry per `rate` tokens (C4: each pooled over two windows, `overlap`, with the lightning
+    indexer's keys of `index_head_dim` beside it; C128: one window). Tokens not yet pooled
+    wait in a per-row ring of `span` slots (memory/compress_pool.py)."""
+
+    rate: int
+    head_dim: int
+    overlap: bool = False
+    index_head_dim: int = 0
+
+    @property
+    def span(self) -> int:
+        """Raw-token slots per row: the open window, and with overlap the one before it."""
+        return self.rate * (2 if self.overlap else 1)
+
+    @property
+    def width(self) -> int:
+        """Channels of one raw token's kv (and of its gate scores)."""
+        return self.head_dim * (2 if self.overlap else 1)
+
+    @property
+    def index_width(self) -> int:
+        return self.index_head_dim * (2 if self.overlap else 1)
+
+    def row_bytes(self, max_model_len: int, dtype_bytes: int) -> int:
+        """One row's ring (kv and gate of the compressor and the indexer, int64 positions)
+        and its entries for `max_model_len` tokens."""
+        ring = self.span * (2 * (self.width + self.index_width) * dtype_bytes + 8)
+        entries = (max_model_len // self.rate) * (self.head_dim + self.index_head_dim)
+        return ring + entries * dtype_bytes
+
+
 class LayerKind(enum.Enum):
     FULL = "full"
     SLIDING = "sliding"
@@ -30,6 +64,7 @@ class LayerSpec:
     window: int | None = None  # only for SLIDING
     fixed_state_bytes: int = 0  # per-request state beside the KV (e.g. a compression ring)
     kv_source: int | None = None  # the earlier layer whose KV this one reads (stores none)
+    compress: CompressSpec | None = None  # DeepSeek-V4's compressed entries and their state
 
     def __post_init__(self) -> None:
         if (self.kind is LayerKind.SLIDING) != (self.window is not None):
@@ -77,6 +112,11 @@ class CacheLayout:
     def reusing_layers(self) -> tuple[int, ...]:
         """Layers that read another layer's KV and store none."""
         return tuple(i for i, s in enumerate(self.layers) if not s.stores_kv)
+
+    @property
+    def compressed_layers(self) -> tuple[int, ...]:
+        """Layers with compressed entries and a compress state (DeepSeek-V4's C4 / C128)."""
+        return tuple(i for i, s in enumerate(self.layers) if s.compress is not None)
 
     def dense_index(self, layer: int) -> int:
         """Index of `layer`'s buffer among the storing layers of its kind (a reusing layer's

@@ -1,0 +1,122 @@
+"""The compress pool: DeepSeek-V4's compressed-attention state, per request row and
+compressed layer (CacheLayout.compressed_layers, each with its CompressSpec).
+
+Two parts per layer, one owner (this class):
+- the compress state: the raw kv and gate scores of the tokens that are not pooled yet (and,
+  for C4, the window before them, whose first half the next entry pools too). Address
+  scheme: position `p` of row `r` at slot `r * span + p % span`, `positions[slot]` the
+  absolute position it holds (-1 = empty). A row's ring never holds more than `span` tokens,
+  however long its context grows. C4's indexer keeps its own kv and gate at the same slots.
+- the compressed entries (and the indexer's keys): entry `e` of row `r` (pooled from tokens
+  `[e * rate, (e + 1) * rate)`) at `r * capacity + e`, capacity = max_model_len // rate.
+Rows are reset only through the alloc-row hook (`reset_rows`) and copied on forks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swaserve.memory.layout import CacheLayout, CompressSpec
+
+EMPTY = -1
+
+
+@dataclass
+class CompressState:
+    """One compressed layer's buffers (index_* are empty without an indexer)."""
+
+    spec: CompressSpec
+    capacity: int  # entries per row
+    positions: torch.Tensor  # int64 [rows * span]
+    kv: torch.Tensor  # [rows * span, width]
+    gate: torch.Tensor  # [rows * span, width]
+    entries: torch.Tensor  # [rows * capacity, head_dim]
+    index_kv: torch.Tensor  # [rows * span, index_width]
+    index_gate: torch.Tensor
+    index_entries: torch.Tensor  # [rows * capacity, index_head_dim]
+
+    def ring_tensors(self) -> list[torch.Tensor]:
+        return [self.positions, self.kv, self.gate, self.index_kv, self.index_gate]
+
+    def entry_tensors(self) -> list[torch.Tensor]:
+        return [self.entries, self.index_entries]
+
+
+def compress_row_bytes(layout: CacheLayout, max_model_len: int, dtype_bytes: int) -> int:
+    """What one request row prepays in the compress pool (the planner's charge)."""
+    return sum(layout.layers[i].compress.row_bytes(max_model_len, dtype_bytes)
+               for i in layout.compressed_layers)
+
+
+class CompressPool:
+    def __init__(self, layout: CacheLayout, num_rows: int, max_model_len: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.num_rows = num_rows
+        self.layers: dict[int, CompressState] = {}
+        for i in layout.compressed_layers:
+            spec = layout.layers[i].compress
+            cap = max_model_len // spec.rate
+            ring = num_rows * spec.span
+
+            def buf(n: int, width: int) -> torch.Tensor:
+                return torch.zeros(n, width, dtype=dtype, device=device)
+
+            self.layers[i] = CompressState(
+                spec, cap, torch.full((ring,), EMPTY, dtype=torch.int64, device=device),
+                buf(ring, spec.width), buf(ring, spec.width), buf(num_rows * cap, spec.head_dim),
+                buf(ring, spec.index_width), buf(ring, spec.index_width),
+                buf(num_rows * cap, spec.index_head_dim))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in self.layers.values()
+                   for t in s.ring_tensors() + s.entry_tensors())
+
+    def reset_rows(self, rows: list[int]) -> None:
+        """Alloc hook: a new request's rings start empty (its entries are written before
+        they are read: entry e exists once position (e + 1) * rate - 1 is computed)."""
+        for s in self.layers.values():
+            for r in rows:
+                s.positions[r * s.spec.span:(r + 1) * s.spec.span] = EMPTY
+
+    def copy_row(self, src: int, dst: int, num_tokens: int) -> None:
+        """Row `dst` continues `src` after its first `num_tokens` tokens (n > 1 forks)."""
+        for s in self.layers.values():
+            span, n = s.spec.span, num_tokens // s.spec.rate
+            a, b = src * span, dst * span
+            for t in s.ring_tensors():
+                t[b:b + span] = t[a:a + span]
+            a, b = src * s.capacity, dst * s.capacity
+            for t in s.entry_tensors():
+                t[b:b + n] = t[a:a + n]
+
+    def forget(self, row: int, start: int, end: int) -> None:
+        """Positions [start, end) of a row are no longer held (their ring slots empty)."""
+        for s in self.layers.values():
+            span = s.spec.span
+            pos = torch.arange(start, end, device=s.positions.device)
+            slots = row * span + pos % span
+            held = s.positions[slots] == pos
+            s.positions[slots[held]] = EMPTY
+
+    def row_positions(self, layer: int, row: int) -> torch.Tensor:
+        """The positions a row's ring holds in one layer, sorted (tests and integrity)."""
+        s = self.layers[layer]
+        span = s.spec.span
+        held = s.positions[row * span:(row + 1) * span]
+        return held[held != EMPTY].sort().values
+
+    def check_integrity(self, used_rows: set[int]) -> None:
+        """Each used row's ring holds distinct positions within one span, each at its own
+        slot."""
+        for i, s in self.layers.items():
+            span = s.spec.span
+            for r in used_rows:
+                held = s.positions[r * span:(r + 1) * span]
+                slots = torch.nonzero(held != EMPTY).flatten()
+                pos = held[slots]
+                if pos.numel() and (bool((pos % span != slots).any())
+                                    or int(pos.max() - pos.min()) >= span):
+                    raise AssertionError(f"compress ring of layer {i}, row {r}: positions "
+                                         f"{pos.tolist()} are not one span of {span}")

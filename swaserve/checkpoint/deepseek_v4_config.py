@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "attention_bias": False, "mlp_bias": False,
 }
 DEFAULT_RATES = {CSA: 4, HCA: 128}
-SCORING = ("sqrtsoftplus", "sigmoid", "softmax")
+SCORING = ("sqrtsoftplus", "sigmoid")
 
 
 def is_deepseek_v4(cfg: dict[str, Any]) -> bool:

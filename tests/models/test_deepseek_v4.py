@@ -1,0 +1,211 @@
+"""DeepSeek-V4 against transformers' own DeepseekV4ForCausalLM's full forward, in float32 on
+tiny random checkpoints (W = 8; C4 layers at rate 4 with an indexer that keeps 3 entries, so
+it binds; C128-kind layers at rate 8; two hyper-connection streams; four experts, hashed in
+the first layer): prompts of several windows under every chunking (the compressors' open
+windows cut at every phase), ragged prefills under one budget, batched decode of mixed
+lengths, n > 1 forks. Then the compress state (a row's ring never holds more than its span),
+the planner's bytes against what the cache allocates, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from swaserve import SamplingParams
+from swaserve.checkpoint.config import ModelConfig
+from swaserve.memory.planner import plan_memory
+from tests.conftest import drive, hf_greedy, hf_logits, random_prompt, tiny_engine
+from tests.conftest import TINY_WINDOW as W
+from tests.helpers.checkpoints import write_tiny_deepseek_v4
+
+TOL = 1e-4
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def dsv4(tmp_path_factory):
+    return write_tiny_deepseek_v4(tmp_path_factory.mktemp("dsv4"))
+
+
+@pytest.fixture(scope="module")
+def dsv4_yarn(tmp_path_factory):
+    """A YaRN-scaled compress RoPE, sigmoid routing, no hashed layer, its config.json
+    rewritten in the legacy field names (compress_ratios, compress_rate_csa / _hca,
+    num_hash_layers, qk_rope_head_dim) that DeepSeek's own configs use."""
+    path, ref = write_tiny_deepseek_v4(
+        tmp_path_factory.mktemp("dsv4_yarn"), seed=3, num_hidden_layers=4,
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention",
+                     "sliding_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["moe"] * 4, scoring_func="sigmoid",
+        rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 64})
+    file = f"{path}/config.json"
+    with open(file) as fh:
+        cfg = json.load(fh)
+    for field in ("layer_types", "compress_rates", "mlp_layer_types", "partial_rotary_factor"):
+        cfg.pop(field)
+    cfg.update(compress_ratios=[4, 128, 0, 4], compress_rate_csa=4, compress_rate_hca=8,
+               num_hash_layers=0, qk_rope_head_dim=8)
+    with open(file, "w") as fh:
+        json.dump(cfg, fh)
+    return path, ref
+
+
+def engine(path, **kw):
+    return tiny_engine(path, prefix_cache=False, **kw)
+
+
+def run(eng, prompts, params):
+    """Each request's (tokens, sampled logits rows), the pools whole afterwards."""
+    eng.logits_log = []
+    reqs = [r for p in prompts for r in eng.add_request(p, params)]
+    drive(eng, check_integrity=True)
+    out = [(r.output_token_ids, [lg for rid, _, lg in eng.logits_log if rid == r.request_id])
+           for r in reqs]
+    for r in reqs:
+        eng.release(r.request_id)
+    eng.check_integrity()
+    return out
+
+
+def worst(ref, prompt, tokens, logs) -> float:
+    want = hf_logits(ref, prompt + tokens)
+    return max((lg - want[len(prompt) - 1 + i]).abs().max().item() for i, lg in enumerate(logs))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, W - 1, W, W + 1, 64])
+def test_prompt_logits_match_transformers_under_every_chunking(dsv4, chunk):
+    path, ref = dsv4
+    prompts = [random_prompt(3 * W + 5, seed=1), random_prompt(6 * W + 3, seed=2)]
+    for p, (tokens, logs) in zip(prompts, run(engine(path, chunk_size=chunk), prompts, GREEDY)):
+        assert len(logs) == 4 and worst(ref, p, tokens, logs) < TOL
+
+
+def test_legacy_fields_yarn_and_sigmoid_routing_match_transformers(dsv4_yarn):
+    path, ref = dsv4_yarn
+    assert ref.config.rope_parameters["compress"]["rope_type"] == "yarn"
+    prompts = [random_prompt(7 * W + 1, seed=4)]
+    for chunk in (5, 64):
+        for p, (tokens, logs) in zip(prompts, run(engine(path, chunk_size=chunk), prompts,
+                                                  GREEDY)):
+            assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_batched_decode_of_mixed_lengths_is_each_alone_and_greedy_is_transformers(dsv4):
+    path, ref = dsv4
+    prompts = [random_prompt(3 * W + 5 + 9 * i, seed=10 + i) for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    batched = run(engine(path, chunk_size=7), prompts, params)
+    for p, (tokens, logs) in zip(prompts, batched):
+        alone_tokens, alone_logs = run(engine(path, chunk_size=7), [p], params)[0]
+        assert tokens == alone_tokens == hf_greedy(ref, p, 24)
+        assert max((a - b).abs().max().item() for a, b in zip(logs, alone_logs)) < TOL
+        assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_ragged_prefill_under_one_budget_matches_transformers(dsv4):
+    """Four prompts under a 13-token budget: each step cuts them at different points, so
+    prompt chunks of several requests and decode rows share steps."""
+    path, ref = dsv4
+    prompts = [random_prompt(n, seed=20 + n) for n in (3 * W + 5, 2 * W - 1, 7, W + 2)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    for p, (tokens, logs) in zip(prompts, run(engine(path, chunk_size=13), prompts, params)):
+        assert tokens == hf_greedy(ref, p, 10)
+        assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_n_forks_each_match_transformers(dsv4):
+    """n = 3 seeded samples of one prompt: the forks copy the parent's rings, compress
+    state and entries; every fork's rows are transformers' at its own tokens."""
+    path, ref = dsv4
+    p = random_prompt(4 * W + 6, seed=5)
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+    out = run(engine(path, chunk_size=16), [p], params)
+    assert len(out) == 3 and len({tuple(t) for t, _ in out}) > 1
+    for tokens, logs in out:
+        assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_compress_ring_never_holds_more_than_its_span(dsv4):
+    """After every step of a request of 12 windows, each compressed layer's ring holds at
+    most `span` of its positions, the newest ones; sliding rings at most `ring`."""
+    path, _ = dsv4
+    eng = engine(path, chunk_size=5)
+    req = eng.add_request(random_prompt(12 * W, seed=9), SamplingParams(
+        temperature=0, max_tokens=3 * W, ignore_eos=True))[0]
+    pool = eng.cache.compress
+    seen = []
+
+    def check(e) -> None:
+        row = req.row
+        if row is None:
+            return
+        done = req.num_computed_tokens
+        for layer, state in pool.layers.items():
+            held = pool.row_positions(layer, row)
+            span = state.spec.span
+            assert held.numel() <= span
+            if done:
+                assert int(held.max()) == done - 1 and int(held.min()) >= done - span
+                seen.append(held.numel())
+        window = e.cache.window
+        pos = window.positions[row * window.ring:(row + 1) * window.ring]
+        assert int((pos >= 0).sum()) <= window.ring
+
+    drive(eng, check_integrity=True, each_step=check)
+    assert seen and max(seen) == 2 * 4  # C4 layers fill their span of two windows
+    eng.release(req.request_id)
+
+
+def test_planner_bytes_are_what_the_cache_allocates(dsv4):
+    path, _ = dsv4
+    eng = engine(path, kv_memory="4MiB", max_running_requests=3, max_model_len=256)
+    layout = eng.layout
+    assert layout.compressed_layers == (1, 2, 3, 4)
+    assert [layout.layers[i].compress.span for i in (1, 2)] == [8, 8]
+    plan = plan_memory(layout, 4 * 2**20, 4, chunk_size=16, page_size=4, max_model_len=256,
+                       max_running_requests=3)
+    assert plan == eng.plan
+    assert plan.used_bytes == eng.cache.nbytes()
+    pool = eng.cache.compress
+    assert pool.layers[1].entries.shape == (3 * 256 // 4, 16)
+    assert pool.layers[2].entries.shape == (3 * 256 // 8, 16)
+    assert pool.layers[1].index_entries.shape == (3 * 256 // 4, 8)
+
+
+def write_config(tmp_path, **fields):
+    path, ref = write_tiny_deepseek_v4(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(fields)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("quantization_config", {"quant_method": "fp8", "fmt": "e4m3"}),
+    ("scoring_func", "softmax"),
+    ("n_shared_experts", 2),
+    ("num_key_value_heads", 2),
+    ("hidden_act", "gelu"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}),
+])
+def test_unimplemented_options_are_refused_by_field(tmp_path, field, value):
+    path = write_config(tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=field):
+        ModelConfig.from_hf(json.loads((tmp_path / "config.json").read_text()))
+    with pytest.raises(Exception, match=field):
+        engine(path)
+
+
+def test_speculative_tp_and_prefix_cache(dsv4):
+    path, _ = dsv4
+    with pytest.raises(ValueError, match="speculative"):
+        engine(path, speculative="ngram")
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        engine(path, tensor_parallel_size=2)
+    eng = tiny_engine(path)  # the prefix cache is on by default: off for this family
+    assert eng.cache.prefix is None and not eng.prefix_cache
+    with pytest.raises(ValueError, match="prefix_cache"):  # the cache itself refuses it
+        type(eng.cache)(eng.layout, eng.plan, 256, torch.float32, "cpu", prefix_cache=True)

@@ -7,9 +7,11 @@ Two parts per layer, one owner (this class):
   scheme: position `p` of row `r` at slot `r * span + p % span`, `positions[slot]` the
   absolute position it holds (-1 = empty). A row's ring never holds more than `span` tokens,
   however long its context grows. C4's indexer keeps its own kv and gate at the same slots.
-- the compressed entries (and the indexer's keys): entry `e` of row `r` (pooled from tokens
-  `[e * rate, (e + 1) * rate)`) at `r * capacity + e`, capacity = max_model_len // rate.
-Rows are reset only through the alloc-row hook (`reset_rows`) and copied on forks.
+- the compressed entries (and the indexer's keys), paged with the full pool's pages: entry
+  `e` of a row (pooled from tokens `[e * rate, (e + 1) * rate)`) at `slot // rate`, `slot`
+  the full-pool slot of its first token (req_to_token[row, e * rate]); a page of P tokens
+  holds P / rate entries, so pages are shared, forked and freed with the tokens'.
+Rings are reset only through the alloc-row hook (`reset_rows`) and copied on forks.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ class CompressState:
     """One compressed layer's buffers (index_* are empty without an indexer)."""
 
     spec: CompressSpec
-    capacity: int  # entries per row
     positions: torch.Tensor  # int64 [rows * span]
     kv: torch.Tensor  # [rows * span, width]
     gate: torch.Tensor  # [rows * span, width]
-    entries: torch.Tensor  # [rows * capacity, head_dim]
+    entries: torch.Tensor  # [full-pool slots / rate, head_dim]
     index_kv: torch.Tensor  # [rows * span, index_width]
     index_gate: torch.Tensor
-    index_entries: torch.Tensor  # [rows * capacity, index_head_dim]
+    index_entries: torch.Tensor  # [full-pool slots / rate, index_head_dim]
 
     def ring_tensors(self) -> list[torch.Tensor]:
         return [self.positions, self.kv, self.gate, self.index_kv, self.index_gate]
@@ -44,30 +45,38 @@ class CompressState:
         return [self.entries, self.index_entries]
 
 
-def compress_row_bytes(layout: CacheLayout, max_model_len: int, dtype_bytes: int) -> int:
-    """What one request row prepays in the compress pool (the planner's charge)."""
-    return sum(layout.layers[i].compress.row_bytes(max_model_len, dtype_bytes)
+def compress_row_bytes(layout: CacheLayout, dtype_bytes: int) -> int:
+    """What one request row prepays in the compress pool: its rings (the planner's charge)."""
+    return sum(layout.layers[i].compress.ring_bytes(dtype_bytes)
+               for i in layout.compressed_layers)
+
+
+def compress_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+    """What a token costs in compressed entries and indexer keys (charged with its page)."""
+    return sum(layout.layers[i].compress.entry_bytes_per_token(dtype_bytes)
                for i in layout.compressed_layers)
 
 
 class CompressPool:
-    def __init__(self, layout: CacheLayout, num_rows: int, max_model_len: int,
+    def __init__(self, layout: CacheLayout, num_rows: int, num_slots: int, page_size: int,
                  dtype: torch.dtype, device: torch.device | str):
         self.num_rows = num_rows
         self.layers: dict[int, CompressState] = {}
         for i in layout.compressed_layers:
             spec = layout.layers[i].compress
-            cap = max_model_len // spec.rate
-            ring = num_rows * spec.span
+            if page_size % spec.rate:
+                raise ValueError(f"page_size: {page_size} is not a multiple of layer {i}'s "
+                                 f"compress rate {spec.rate} (its entries are paged)")
+            ring, entries = num_rows * spec.span, num_slots // spec.rate
 
             def buf(n: int, width: int) -> torch.Tensor:
                 return torch.zeros(n, width, dtype=dtype, device=device)
 
             self.layers[i] = CompressState(
-                spec, cap, torch.full((ring,), EMPTY, dtype=torch.int64, device=device),
-                buf(ring, spec.width), buf(ring, spec.width), buf(num_rows * cap, spec.head_dim),
+                spec, torch.full((ring,), EMPTY, dtype=torch.int64, device=device),
+                buf(ring, spec.width), buf(ring, spec.width), buf(entries, spec.head_dim),
                 buf(ring, spec.index_width), buf(ring, spec.index_width),
-                buf(num_rows * cap, spec.index_head_dim))
+                buf(entries, spec.index_head_dim))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for s in self.layers.values()
@@ -80,16 +89,22 @@ class CompressPool:
             for r in rows:
                 s.positions[r * s.spec.span:(r + 1) * s.spec.span] = EMPTY
 
-    def copy_row(self, src: int, dst: int, num_tokens: int) -> None:
-        """Row `dst` continues `src` after its first `num_tokens` tokens (n > 1 forks)."""
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row `dst` continues `src` (n > 1 forks): its rings."""
         for s in self.layers.values():
-            span, n = s.spec.span, num_tokens // s.spec.rate
+            span = s.spec.span
             a, b = src * span, dst * span
             for t in s.ring_tensors():
                 t[b:b + span] = t[a:a + span]
-            a, b = src * s.capacity, dst * s.capacity
+
+    def copy_entries(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """The entries of full-pool slots `src` into slots `dst` (page copies: a fork's
+        partly filled last page), for the slots where an entry starts."""
+        for s in self.layers.values():
+            start = src % s.spec.rate == 0
+            d, f = dst[start] // s.spec.rate, src[start] // s.spec.rate
             for t in s.entry_tensors():
-                t[b:b + n] = t[a:a + n]
+                t[d] = t[f]
 
     def forget(self, row: int, start: int, end: int) -> None:
         """Positions [start, end) of a row are no longer held (their ring slots empty)."""

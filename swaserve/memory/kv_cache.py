@@ -42,10 +42,10 @@ class KVCache:
         self.page_size = plan.page_size
         self.device = device
         # the req-to-token table maps positions to full-pool slots: none without full layers
-        self.rows = RequestRows(plan.num_rows, max_model_len if layout.full_layers else 1, device)
+        self.rows = RequestRows(plan.num_rows, max_model_len if layout.paged else 1, device)
         self.full: FullKVPool | None = None
         self.window: WindowPool | None = None
-        if layout.full_layers:
+        if layout.paged:  # full layers' KV, or only compressed entries (DeepSeek-V4)
             self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, dtype, kv_device)
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
@@ -55,7 +55,8 @@ class KVCache:
             if prefix_cache:
                 raise ValueError("prefix_cache: not exact yet with compressed layers "
                                  "(DeepSeek-V4's compress state at a cut); turn it off")
-            self.compress = CompressPool(layout, plan.num_rows, max_model_len, dtype, kv_device)
+            self.compress = CompressPool(layout, plan.num_rows, self.full.num_tokens,
+                                         plan.page_size, dtype, kv_device)
             self.rows.register_on_alloc_rows(self.compress.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
@@ -229,7 +230,7 @@ class KVCache:
             self.window_pages.allocator.incref([w for w in shared_w if w is not None])
             self.row_window_pages[row] = list(shared_w)
         if self.compress is not None:
-            self.compress.copy_row(src, row, num_tokens)
+            self.compress.copy_row(src, row)
         if self.window is not None:
             self.window.copy_row(src, row)
             if self.copy_log is not None:
@@ -275,6 +276,8 @@ class KVCache:
         of another, in every layer of their kind (logged when copy_log is on)."""
         for d, s in zip(self._kv_buffers(dst_pool), self._kv_buffers(src_pool)):
             d[dst] = s[src]
+        if self.compress is not None and dst_pool == src_pool == "full":
+            self.compress.copy_entries(dst, src)
         if log and self.copy_log is not None:
             self.copy_log.append((dst_pool, dst, src_pool, src))
 

@@ -41,12 +41,17 @@ class CompressSpec:
     def index_width(self) -> int:
         return self.index_head_dim * (2 if self.overlap else 1)
 
-    def row_bytes(self, max_model_len: int, dtype_bytes: int) -> int:
-        """One row's ring (kv and gate of the compressor and the indexer, int64 positions)
-        and its entries for `max_model_len` tokens."""
-        ring = self.span * (2 * (self.width + self.index_width) * dtype_bytes + 8)
-        entries = (max_model_len // self.rate) * (self.head_dim + self.index_head_dim)
-        return ring + entries * dtype_bytes
+    def ring_bytes(self, dtype_bytes: int) -> int:
+        """One row's ring: kv and gate of the compressor and the indexer, int64 positions."""
+        return self.span * (2 * (self.width + self.index_width) * dtype_bytes + 8)
+
+    def entry_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Entries and indexer keys cost per token (one of each per `rate` tokens)."""
+        per_entry = (self.head_dim + self.index_head_dim) * dtype_bytes
+        if per_entry % self.rate:
+            raise ValueError(f"head_dim: an entry of {per_entry} bytes does not split over "
+                             f"{self.rate} tokens")
+        return per_entry // self.rate
 
 
 class LayerKind(enum.Enum):
@@ -112,6 +117,11 @@ class CacheLayout:
     def reusing_layers(self) -> tuple[int, ...]:
         """Layers that read another layer's KV and store none."""
         return tuple(i for i, s in enumerate(self.layers) if not s.stores_kv)
+
+    @property
+    def paged(self) -> bool:
+        """Whether requests take pages (full layers' KV, compressed entries)."""
+        return bool(self.full_layers or self.compressed_layers)
 
     @property
     def compressed_layers(self) -> tuple[int, ...]:

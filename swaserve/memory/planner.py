@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
-from swaserve.memory.compress_pool import compress_row_bytes
+from swaserve.memory.compress_pool import compress_bytes_per_token, compress_row_bytes
 from swaserve.memory.layout import CacheLayout
 
 MAX_DEFAULT_ROWS = 256
@@ -58,8 +58,10 @@ class MemoryPlan:
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
     """KV bytes a token costs in the full layers that store it (each at its own shape; a
-    layer that reuses another's KV costs nothing)."""
-    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
+    layer that reuses another's KV costs nothing), and in compressed entries (DeepSeek-V4's,
+    paged with the full pool's pages at one per `rate` tokens)."""
+    return (sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
+            + compress_bytes_per_token(layout, dtype_bytes))
 
 
 def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -71,12 +73,11 @@ def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
                         max_model_len: int = 0) -> int:
     """What one request row prepays: its rings, the ring slots' recorded positions (int64,
     shared by all sliding layers), per-request layer state, and (with `max_model_len`) its
-    req-to-token row of int64 full-pool slots; compressed layers' rings and entries (their
-    entries for `max_model_len` tokens: reserved per row, not paged)."""
+    req-to-token row of int64 full-pool slots; compressed layers' rings."""
     state = sum(s.fixed_state_bytes for s in layout.layers)
-    state += compress_row_bytes(layout, max_model_len, dtype_bytes)
+    state += compress_row_bytes(layout, dtype_bytes)
     positions = 8 * ring if ring else 0
-    table = 8 * max_model_len if layout.full_layers else 0
+    table = 8 * max_model_len if layout.paged else 0
     return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions + table
 
 

@@ -108,9 +108,17 @@ class Branch(nn.Module):
         return self.kv_norm((both_kv * weights).sum(dim=1))
 
 
+def entry_slots(table: torch.Tensor, seq: Seq, rate: int, first: int, end: int
+                ) -> torch.Tensor:
+    """Where a row's entries [first, end) live: the full-pool slot of each one's first token,
+    over `rate` (memory/compress_pool.py)."""
+    starts = torch.arange(first, end, device=table.device) * rate
+    return table[seq.row, starts] // rate
+
+
 def update_branch(branch: Branch, x: torch.Tensor, seq: Seq, state: CompressState,
                   ring_kv: torch.Tensor, ring_gate: torch.Tensor, entries: torch.Tensor,
-                  rope_of) -> None:
+                  table: torch.Tensor, rope_of) -> None:
     """Project one sequence's new tokens, pool the windows they close (with the ring's
     earlier tokens), write those entries and keep the newest tokens in the ring. The ring's
     positions are updated by the caller, once for both branches."""
@@ -131,7 +139,7 @@ def update_branch(branch: Branch, x: torch.Tensor, seq: Seq, state: CompressStat
         wpos = torch.arange(first_w, end_w, device=x.device) * r
         cos, sin = rope_of(wpos)
         pooled = rope(pooled, cos, sin)
-        entries[seq.row * state.capacity + first_w:seq.row * state.capacity + end_w] = pooled
+        entries[entry_slots(table, seq, r, first_w, end_w).to(entries.device)] = pooled
         kv, gate = kv[-seq.n:], gate[-seq.n:]
     keep = min(seq.n, spec.span)
     pos = torch.arange(seq.first + seq.n - keep, seq.first + seq.n, device=state.positions.device)

@@ -26,6 +26,7 @@ from swaserve.models.compressor import (
     Norm,
     Seq,
     attend,
+    entry_slots,
     fp32_buffer,
     record_positions,
     rope,
@@ -77,7 +78,7 @@ class Attention(nn.Module):
         cache.window.write(dense, ctx.ring_slots, kv[:, None], kv[:, None])
         state = cache.compress.layers[self.index] if self.compressed else None
         if state is not None:
-            self._compress(x, seqs, state, model)
+            self._compress(x, seqs, state, model, cache.rows.req_to_token)
         buf = cache.window.k[dense][:, 0]
         out = torch.empty_like(q)
         for s in seqs:
@@ -93,28 +94,30 @@ class Attention(nn.Module):
         w = self.o_a_proj.weight.view(self.groups, -1, grouped.shape[-1])
         return self.o_b_proj(torch.einsum("tgi,goi->tgo", grouped, w).reshape(t, -1))
 
-    def _compress(self, x: torch.Tensor, seqs: list[Seq], state, model) -> None:
+    def _compress(self, x: torch.Tensor, seqs: list[Seq], state, model,
+                  table: torch.Tensor) -> None:
         comp = self.compressor
         indexer = getattr(comp, "indexer", None)
         for s in seqs:
             xs = x[s.start:s.end]
-            update_branch(comp, xs, s, state, state.kv, state.gate, state.entries,
+            update_branch(comp, xs, s, state, state.kv, state.gate, state.entries, table,
                           model.compress_rope)
             if indexer is not None:
                 update_branch(indexer, xs, s, state, state.index_kv, state.index_gate,
-                              state.index_entries, model.compress_rope)
+                              state.index_entries, table, model.compress_rope)
             record_positions(state, s)
 
     def _entries(self, x, q_res, pos, s: Seq, state, model) -> tuple[torch.Tensor, torch.Tensor]:
         """The compressed entries a sequence's queries may read [E, D] and which each reads."""
         rate = state.spec.rate
         ne = (s.first + s.n) // rate
-        base = s.row * state.capacity
-        entries = state.entries[base:base + ne]
+        slots = entry_slots(model.attn.cache.rows.req_to_token, s, rate, 0, ne)
+        slots = slots.to(state.entries.device)
+        entries = state.entries[slots]
         allowed = torch.arange(ne, device=pos.device)[None, :] < ((pos + 1) // rate)[:, None]
         indexer = getattr(self.compressor, "indexer", None)
         if indexer is not None and ne:
-            keys = state.index_entries[base:base + ne]
+            keys = state.index_entries[slots]
             cs = tuple(c[s.start:s.end] for c in model.rope_cs["compress"])
             allowed = indexer.select(x[s.start:s.end], q_res[s.start:s.end], pos, keys, cs)
         return entries, allowed

@@ -16,8 +16,8 @@ import torch
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.memory.planner import plan_memory
-from tests.conftest import drive, hf_greedy, hf_logits, random_prompt, tiny_engine
 from tests.conftest import TINY_WINDOW as W
+from tests.conftest import drive, hf_greedy, hf_logits, random_prompt, tiny_engine
 from tests.helpers.checkpoints import write_tiny_deepseek_v4
 
 TOL = 1e-4
@@ -54,7 +54,8 @@ def dsv4_yarn(tmp_path_factory):
 
 
 def engine(path, **kw):
-    return tiny_engine(path, prefix_cache=False, **kw)
+    """Pages of 8 tokens: a whole number of entries of both rates (4 and 8)."""
+    return tiny_engine(path, prefix_cache=False, **{"page_size": 8, **kw})
 
 
 def run(eng, prompts, params):
@@ -160,19 +161,29 @@ def test_compress_ring_never_holds_more_than_its_span(dsv4):
 
 
 def test_planner_bytes_are_what_the_cache_allocates(dsv4):
+    """Rings per row; entries and indexer keys with the pages, 1 / rate per token."""
     path, _ = dsv4
     eng = engine(path, kv_memory="4MiB", max_running_requests=3, max_model_len=256)
     layout = eng.layout
     assert layout.compressed_layers == (1, 2, 3, 4)
     assert [layout.layers[i].compress.span for i in (1, 2)] == [8, 8]
-    plan = plan_memory(layout, 4 * 2**20, 4, chunk_size=16, page_size=4, max_model_len=256,
+    plan = plan_memory(layout, 4 * 2**20, 4, chunk_size=16, page_size=8, max_model_len=256,
                        max_running_requests=3)
     assert plan == eng.plan
     assert plan.used_bytes == eng.cache.nbytes()
+    # (16 + 8) * 4 B / 4 twice (C4), 16 * 4 B / 8 twice (C128); no full layer
+    assert plan.full_bytes_per_token == 2 * 24 + 2 * 8
+    tokens = plan.full_pool_tokens
     pool = eng.cache.compress
-    assert pool.layers[1].entries.shape == (3 * 256 // 4, 16)
-    assert pool.layers[2].entries.shape == (3 * 256 // 8, 16)
-    assert pool.layers[1].index_entries.shape == (3 * 256 // 4, 8)
+    assert pool.layers[1].entries.shape == (tokens // 4, 16)
+    assert pool.layers[2].entries.shape == (tokens // 8, 16)
+    assert pool.layers[1].index_entries.shape == (tokens // 4, 8)
+    assert pool.layers[1].kv.shape == (3 * 8, 32)  # rings: rows x span, both halves
+
+
+def test_page_size_must_hold_whole_entries(dsv4):
+    with pytest.raises(ValueError, match="page_size"):
+        engine(dsv4[0], page_size=4)  # the rate-8 layers' entries would span pages
 
 
 def write_config(tmp_path, **fields):
@@ -205,7 +216,7 @@ def test_speculative_tp_and_prefix_cache(dsv4):
         engine(path, speculative="ngram")
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         engine(path, tensor_parallel_size=2)
-    eng = tiny_engine(path)  # the prefix cache is on by default: off for this family
+    eng = tiny_engine(path, page_size=8)  # the prefix cache is on by default: off here
     assert eng.cache.prefix is None and not eng.prefix_cache
     with pytest.raises(ValueError, match="prefix_cache"):  # the cache itself refuses it
         type(eng.cache)(eng.layout, eng.plan, 256, torch.float32, "cpu", prefix_cache=True)

@@ -85,7 +85,8 @@ class ModelConfig:
                                    self.kv_heads_of(i), self.head_dim_of(i),
                                    window=self.sliding_window if sliding else None,
                                    kv_source=self.kv_source_of(i),
-                                   compress=self._compress_spec(i)))
+                                   compress=self._compress_spec(i),
+                                   kv_shared=bool(self.layer_compress)))
         return CacheLayout(tuple(specs))
 
     def _compress_spec(self, layer: int) -> CompressSpec | None:

@@ -70,6 +70,7 @@ class LayerSpec:
     fixed_state_bytes: int = 0  # per-request state beside the KV (e.g. a compression ring)
     kv_source: int | None = None  # the earlier layer whose KV this one reads (stores none)
     compress: CompressSpec | None = None  # DeepSeek-V4's compressed entries and their state
+    kv_shared: bool = False  # K and V are one tensor (DeepSeek-V4), stored once
 
     def __post_init__(self) -> None:
         if (self.kind is LayerKind.SLIDING) != (self.window is not None):
@@ -78,7 +79,7 @@ class LayerSpec:
             raise ValueError(f"window must be >= 1, got {self.window}")
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+        return (1 if self.kv_shared else 2) * self.num_kv_heads * self.head_dim * dtype_bytes
 
     @property
     def stores_kv(self) -> bool:

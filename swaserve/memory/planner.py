@@ -155,8 +155,10 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
                    if full_bpt else 0)
     ring_acc = Accounting("ring", full_bpt, fixed, ring_tokens, n_ring, per_req)
 
-    # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well
-    ts_bpt = full_bpt + swa_ratio * swa_bpt
+    # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well,
+    # and compressed layers' state one row's rings per page of those (SGLang's c4 state pool
+    # before its per-request rings: ring / page rows per SWA token)
+    ts_bpt = full_bpt + swa_ratio * (swa_bpt + compress_row_bytes(layout, dtype_bytes) / page_size)
     ts_tokens = int(budget_bytes // ts_bpt) // page_size * page_size if ts_bpt else 0
     if full_bpt:
         n_ts = ts_tokens // ctx_tokens

@@ -220,3 +220,29 @@ def test_speculative_tp_and_prefix_cache(dsv4):
     assert eng.cache.prefix is None and not eng.prefix_cache
     with pytest.raises(ValueError, match="prefix_cache"):  # the cache itself refuses it
         type(eng.cache)(eng.layout, eng.plan, 256, torch.float32, "cpu", prefix_cache=True)
+
+
+def test_plan_of_a_v4_flash_shaped_config(tmp_path):
+    """`swaserve plan` on transformers' default DeepseekV4Config (V4-Flash's shapes: 43
+    layers, 20 C4 and 23 C128, W = 128) in bf16, pages of 256, 64 rows, 64 GiB: ring
+    accounting charges a token its entries only (20 x 320 + 23 x 8 B) and a request its
+    rings; token-scaled accounting (SGLang's before its per-request rings, swa ratio 0.1)
+    charges every token a tenth of its window KV and compress state too."""
+    from transformers import DeepseekV4Config
+
+    from swaserve.cli.plan import plan_report
+    from swaserve.config import EngineConfig
+
+    cfg = DeepseekV4Config()
+    cfg.architectures = ["DeepseekV4ForCausalLM"]
+    cfg.save_pretrained(str(tmp_path))
+    config = EngineConfig(model=str(tmp_path), kv_memory="64GiB", page_size=256,
+                          chunk_size=512, dtype="bfloat16", max_running_requests=64)
+    rep = plan_report(config, context=131072, swa_ratio=0.1)
+    acc, lay = rep["accounting"], rep["layers"]
+    assert lay["ring"] == 768 and len(lay["compressed"]) == 43
+    assert acc["ring"]["bytes_per_token"] == 20 * 320 + 23 * 8
+    rings = 43 * 768 * 1024 + 768 * 8 + 20 * 8 * (2 * 1280 * 2 + 8) + 23 * 128 * (2 * 512 * 2 + 8)
+    assert acc["ring"]["fixed_bytes_per_request"] == rings
+    ratio = acc["ring"]["full_pool_tokens"] / acc["token_scaled"]["full_pool_tokens"]
+    assert 1.95 < ratio < 2.05

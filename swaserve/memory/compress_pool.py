@@ -12,6 +12,9 @@ Two parts per layer, one owner (this class):
   the full-pool slot of its first token (req_to_token[row, e * rate]); a page of P tokens
   holds P / rate entries, so pages are shared, forked and freed with the tokens'.
 Rings are reset only through the alloc-row hook (`reset_rows`) and copied on forks.
+- with the prefix cache, the same raw kv and gate of every cached token, at the window-page
+  slots the sliding layers' KV of that token has (written through as the request computes):
+  a hit at a page boundary L restores the ring's last `span` positions before L from them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class CompressState:
     index_gate: torch.Tensor
     index_entries: torch.Tensor  # [full-pool slots / rate, index_head_dim]
 
+    pages: list[torch.Tensor] | None = None  # kv, gate, index kv, index gate at page slots
+
     def ring_tensors(self) -> list[torch.Tensor]:
         return [self.positions, self.kv, self.gate, self.index_kv, self.index_gate]
 
@@ -49,6 +54,12 @@ def compress_row_bytes(layout: CacheLayout, dtype_bytes: int) -> int:
     """What one request row prepays in the compress pool: its rings (the planner's charge)."""
     return sum(layout.layers[i].compress.ring_bytes(dtype_bytes)
                for i in layout.compressed_layers)
+
+
+def compress_page_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+    """What a cached token's raw state costs beside its window pages (prefix cache)."""
+    return sum(2 * (layout.layers[i].compress.width + layout.layers[i].compress.index_width)
+               * dtype_bytes for i in layout.compressed_layers)
 
 
 def compress_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -78,9 +89,28 @@ class CompressPool:
                 buf(ring, spec.index_width), buf(ring, spec.index_width),
                 buf(entries, spec.index_head_dim))
 
+    def add_pages(self, num_slots: int) -> None:
+        """Buffers for the raw state of cached tokens, at the prefix cache's window-page
+        slots."""
+        for s in self.layers.values():
+            like = s.kv
+            s.pages = [torch.zeros(num_slots, t.shape[1], dtype=like.dtype, device=like.device)
+                       for t in (s.kv, s.gate, s.index_kv, s.index_gate)]
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for s in self.layers.values()
-                   for t in s.ring_tensors() + s.entry_tensors())
+                   for t in s.ring_tensors() + s.entry_tensors() + (s.pages or []))
+
+    def restore(self, row: int, positions: torch.Tensor, page_slots: torch.Tensor) -> None:
+        """A prefix hit: the ring of `row` holds, for each layer, the last `span` of
+        `positions` (consecutive, ending at the hit), read from their window-page slots."""
+        for s in self.layers.values():
+            span = s.spec.span
+            pos, src = positions[-span:], page_slots[-span:]
+            dst = row * span + pos % span
+            for ring, page in zip(s.ring_tensors()[1:], s.pages):
+                ring[dst] = page[src]
+            s.positions[dst] = pos
 
     def reset_rows(self, rows: list[int]) -> None:
         """Alloc hook: a new request's rings start empty (its entries are written before

@@ -52,9 +52,6 @@ class KVCache:
             self.rows.register_on_alloc_rows(self.window.reset_rows)
         self.compress: CompressPool | None = None  # DeepSeek-V4's compressed layers
         if layout.compressed_layers:
-            if prefix_cache:
-                raise ValueError("prefix_cache: not exact yet with compressed layers "
-                                 "(DeepSeek-V4's compress state at a cut); turn it off")
             self.compress = CompressPool(layout, plan.num_rows, self.full.num_tokens,
                                          plan.page_size, dtype, kv_device)
             self.rows.register_on_alloc_rows(self.compress.reset_rows)
@@ -64,6 +61,8 @@ class KVCache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
                                                    dtype, kv_device)
+                if self.compress is not None:  # cached tokens' compress state beside them
+                    self.compress.add_pages(plan.window_cache_pages * plan.page_size)
             if not layout.sliding_layers or self.window_pages is not None:
                 self.prefix = PrefixCache(
                     plan.page_size, layout.max_window, self.full is not None,
@@ -268,6 +267,8 @@ class KVCache:
             dst = (row * ring + pos % ring).to(self.window.positions.device)
             self.copy_kv("ring", dst, "window_pages", src)
             self.window.positions[dst] = pos.to(self.window.positions.device)
+            if self.compress is not None:
+                self.compress.restore(row, pos.to(self.window.positions.device), src)
         self.prefix.hit_tokens += m.num_tokens
 
     def copy_kv(self, dst_pool: str, dst: torch.Tensor, src_pool: str, src: torch.Tensor,

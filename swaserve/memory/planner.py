@@ -18,7 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
-from swaserve.memory.compress_pool import compress_bytes_per_token, compress_row_bytes
+from swaserve.memory.compress_pool import (
+    compress_bytes_per_token,
+    compress_page_bytes_per_token,
+    compress_row_bytes,
+)
 from swaserve.memory.layout import CacheLayout
 
 MAX_DEFAULT_ROWS = 256
@@ -87,7 +91,9 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     """Size the pools for `budget_bytes`, of which `window_cache_bytes` go to the prefix
     cache's window pages. Raises ValueError when the budget cannot hold one request row plus
     one page of full KV."""
-    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    # a window page holds its tokens' sliding KV and, for compressed layers, their raw state
+    swa_bpt = (sliding_bytes_per_token(layout, dtype_bytes)
+               + compress_page_bytes_per_token(layout, dtype_bytes))
     window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
     budget_all, budget_bytes = budget_bytes, budget_bytes - window_pages * swa_bpt * page_size
     ring = layout.ring_size(chunk_size, page_size)

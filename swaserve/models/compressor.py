@@ -116,14 +116,13 @@ def entry_slots(table: torch.Tensor, seq: Seq, rate: int, first: int, end: int
     return table[seq.row, starts] // rate
 
 
-def update_branch(branch: Branch, x: torch.Tensor, seq: Seq, state: CompressState,
-                  ring_kv: torch.Tensor, ring_gate: torch.Tensor, entries: torch.Tensor,
-                  table: torch.Tensor, rope_of) -> None:
-    """Project one sequence's new tokens, pool the windows they close (with the ring's
-    earlier tokens), write those entries and keep the newest tokens in the ring. The ring's
-    positions are updated by the caller, once for both branches."""
+def update_branch(branch: Branch, kv: torch.Tensor, gate: torch.Tensor, seq: Seq,
+                  state: CompressState, ring_kv: torch.Tensor, ring_gate: torch.Tensor,
+                  entries: torch.Tensor, table: torch.Tensor, rope_of) -> None:
+    """Pool the windows one sequence's new tokens (their projections `kv`, `gate`) close,
+    with the ring's earlier tokens, write those entries and keep the newest tokens in the
+    ring. The ring's positions are updated by the caller, once for both branches."""
     spec, r = state.spec, branch.rate
-    kv, gate = branch.kv_proj(x), branch.gate_proj(x)
     first_w, end_w = seq.first // r, (seq.first + seq.n) // r
     if end_w > first_w:
         lo = max(first_w * r - (r if branch.overlap else 0), 0)
@@ -136,7 +135,7 @@ def update_branch(branch: Branch, x: torch.Tensor, seq: Seq, state: CompressStat
             gate = torch.cat([ring_gate[slots], gate])
         n_tok = end_w * r - lo
         pooled = branch.pool(kv[:n_tok], gate[:n_tok], first_w)
-        wpos = torch.arange(first_w, end_w, device=x.device) * r
+        wpos = torch.arange(first_w, end_w, device=kv.device) * r
         cos, sin = rope_of(wpos)
         pooled = rope(pooled, cos, sin)
         entries[entry_slots(table, seq, r, first_w, end_w).to(entries.device)] = pooled

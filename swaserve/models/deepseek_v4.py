@@ -5,8 +5,8 @@ models/compressor.py). The residual is `hc_mult` streams mixed by hyper-connecti
 (Sinkhorn-normalised), the MLP a routed MoE (top-k by score plus a bias, or hashed by token
 id) beside one shared expert, the output projection grouped and low-rank.
 
-Refused until they work: the prefix cache (off for the family), speculative decoding, tensor
-parallelism, MLX, the MTP layer, embeddings."""
+Refused until they work: speculative decoding, tensor parallelism, MLX, the MTP layer,
+embeddings."""
 
 from __future__ import annotations
 
@@ -76,9 +76,12 @@ class Attention(nn.Module):
         kv = rope(self.kv_norm(self.kv_proj(x)), cos, sin)
         dense = cache.layout.dense_index(self.index)
         cache.window.write(dense, ctx.ring_slots, kv[:, None], kv[:, None])
+        if ctx.window_write is not None:  # the prefix cache's copy of the sliding KV
+            idx, wslots = ctx.window_write
+            cache.window_pages.write(dense, wslots, kv[idx, None], kv[idx, None])
         state = cache.compress.layers[self.index] if self.compressed else None
         if state is not None:
-            self._compress(x, seqs, state, model, cache.rows.req_to_token)
+            self._compress(x, seqs, state, model, cache.rows.req_to_token, ctx)
         buf = cache.window.k[dense][:, 0]
         out = torch.empty_like(q)
         for s in seqs:
@@ -95,16 +98,26 @@ class Attention(nn.Module):
         return self.o_b_proj(torch.einsum("tgi,goi->tgo", grouped, w).reshape(t, -1))
 
     def _compress(self, x: torch.Tensor, seqs: list[Seq], state, model,
-                  table: torch.Tensor) -> None:
+                  table: torch.Tensor, ctx: ForwardContext) -> None:
+        """Each branch's projections of the step's tokens: written through to the prefix
+        cache's pages where the step has window pages, then pooled sequence by sequence."""
         comp = self.compressor
-        indexer = getattr(comp, "indexer", None)
+        branches = [(comp, state.kv, state.gate, state.entries)]
+        if hasattr(comp, "indexer"):
+            branches.append((comp.indexer, state.index_kv, state.index_gate,
+                             state.index_entries))
+        projected = []
+        for k, (branch, *_) in enumerate(branches):
+            kv, gate = branch.kv_proj(x), branch.gate_proj(x)
+            if ctx.window_write is not None and state.pages is not None:
+                idx, slots = ctx.window_write
+                state.pages[2 * k][slots] = kv[idx].to(state.pages[0].dtype)
+                state.pages[2 * k + 1][slots] = gate[idx].to(state.pages[0].dtype)
+            projected.append((kv, gate))
         for s in seqs:
-            xs = x[s.start:s.end]
-            update_branch(comp, xs, s, state, state.kv, state.gate, state.entries, table,
-                          model.compress_rope)
-            if indexer is not None:
-                update_branch(indexer, xs, s, state, state.index_kv, state.index_gate,
-                              state.index_entries, table, model.compress_rope)
+            for (branch, ring_kv, ring_gate, entries), (kv, gate) in zip(branches, projected):
+                update_branch(branch, kv[s.start:s.end], gate[s.start:s.end], s, state,
+                              ring_kv, ring_gate, entries, table, model.compress_rope)
             record_positions(state, s)
 
     def _entries(self, x, q_res, pos, s: Seq, state, model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,7 +329,6 @@ def module_name(name: str) -> str:
 class DeepseekV4ForCausalLM(CausalLM):
     layer = DecoderLayer
     runs_on_mlx = False
-    prefix_cache_exact = False  # the compress state at a cut is not restored yet
     speculative_exact = False  # a rejected draft's pooled entries are not rolled back yet
 
     def __init__(self, cfg: ModelConfig):

@@ -77,7 +77,9 @@ class ModelConfig:
         return (len(set(self.layer_head_dims)) <= 1 and len(set(self.layer_kv_heads)) <= 1
                 and not any(s is not None for s in self.kv_sources))
 
-    def cache_layout(self) -> CacheLayout:
+    def cache_layout(self, drafts: int = 0) -> CacheLayout:
+        """The layers' cache needs; `drafts`: the draft tokens a step may write (speculative
+        decoding), which compressed layers' rings make room for."""
         specs = []
         for i, kind in enumerate(self.layer_types):
             sliding = kind == "sliding"
@@ -85,15 +87,15 @@ class ModelConfig:
                                    self.kv_heads_of(i), self.head_dim_of(i),
                                    window=self.sliding_window if sliding else None,
                                    kv_source=self.kv_source_of(i),
-                                   compress=self._compress_spec(i),
+                                   compress=self._compress_spec(i, drafts),
                                    kv_shared=bool(self.layer_compress)))
         return CacheLayout(tuple(specs))
 
-    def _compress_spec(self, layer: int) -> CompressSpec | None:
+    def _compress_spec(self, layer: int, drafts: int) -> CompressSpec | None:
         if not self.layer_compress or not self.layer_compress[layer][0]:
             return None
         rate, overlap, index_dim = self.layer_compress[layer]
-        return CompressSpec(rate, self.head_dim_of(layer), overlap, index_dim)
+        return CompressSpec(rate, self.head_dim_of(layer), overlap, index_dim, drafts)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:

@@ -37,7 +37,8 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     source = resolve_model(config.model, config.revision)
     cfg = source.model_config()
     tp = config.tensor_parallel_size
-    layout = local_config(cfg, tp).cache_layout()
+    layout = local_config(cfg, tp).cache_layout(
+        config.num_draft_tokens if config.speculative else 0)
     budget = config.kv_memory_bytes
     dtype_bytes = DTYPE_BYTES[config.dtype]
 

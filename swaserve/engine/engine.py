@@ -124,10 +124,10 @@ class Engine:
     def _build_memory(self, config: EngineConfig) -> None:
         """The KV plan and cache for this rank's KV heads, and the model the backend runs
         over them."""
-        self.layout = self.model.cfg.cache_layout()
+        self.layout = self.model.cfg.cache_layout(
+            config.num_draft_tokens if config.speculative else 0)
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
-        self._refuse_for_family(config)
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,
                             self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())
@@ -137,17 +137,6 @@ class Engine:
         if self.tp is not None:
             self.cache.copy_log = []
             self.tp.init_cache(self.plan, self.max_model_len, self.prefix_cache)
-
-    def _refuse_for_family(self, config: EngineConfig) -> None:
-        """What a family cannot do exactly yet (DeepSeek-V4): drafts are refused; the prefix
-        cache, on by default, is turned off and said so."""
-        name = type(self.model).__name__
-        if config.speculative and not getattr(self.model, "speculative_exact", True):
-            raise ValueError(f"speculative: not implemented for {name} (its compress state "
-                             "cannot roll back a rejected draft yet)")
-        if self.prefix_cache and not getattr(self.model, "prefix_cache_exact", True):
-            log.warning("prefix_cache: off for %s (its hits are not exact yet)", name)
-            self.prefix_cache = False
 
     def _build_stages(self, config: EngineConfig) -> None:
         """The step's stages: scheduler, runner, sampling, postprocess; and the intake."""

@@ -105,8 +105,8 @@ class CompressPool:
         """A prefix hit: the ring of `row` holds, for each layer, the last `span` of
         `positions` (consecutive, ending at the hit), read from their window-page slots."""
         for s in self.layers.values():
-            span = s.spec.span
-            pos, src = positions[-span:], page_slots[-span:]
+            span, need = s.spec.span, s.spec.needed
+            pos, src = positions[-need:], page_slots[-need:]
             dst = row * span + pos % span
             for ring, page in zip(s.ring_tensors()[1:], s.pages):
                 ring[dst] = page[src]

@@ -26,11 +26,18 @@ class CompressSpec:
     head_dim: int
     overlap: bool = False
     index_head_dim: int = 0
+    drafts: int = 0  # draft tokens a step may write and roll back (speculative decoding)
+
+    @property
+    def needed(self) -> int:
+        """Raw tokens a row may still need: the open window, with overlap the one before."""
+        return self.rate * (2 if self.overlap else 1)
 
     @property
     def span(self) -> int:
-        """Raw-token slots per row: the open window, and with overlap the one before it."""
-        return self.rate * (2 if self.overlap else 1)
+        """Raw-token slots per row: what may be needed, and room for a step's drafts, whose
+        writes must not overwrite a needed token if they are rejected."""
+        return self.needed + self.drafts
 
     @property
     def width(self) -> int:

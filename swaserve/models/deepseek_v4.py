@@ -5,7 +5,7 @@ models/compressor.py). The residual is `hc_mult` streams mixed by hyper-connecti
 (Sinkhorn-normalised), the MLP a routed MoE (top-k by score plus a bias, or hashed by token
 id) beside one shared expert, the output projection grouped and low-rank.
 
-Refused until they work: speculative decoding, tensor parallelism, MLX, the MTP layer,
+Refused until they work: tensor parallelism, MLX, the MTP layer (as a draft source),
 embeddings."""
 
 from __future__ import annotations
@@ -329,7 +329,6 @@ def module_name(name: str) -> str:
 class DeepseekV4ForCausalLM(CausalLM):
     layer = DecoderLayer
     runs_on_mlx = False
-    speculative_exact = False  # a rejected draft's pooled entries are not rolled back yet
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

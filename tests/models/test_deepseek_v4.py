@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
@@ -55,7 +54,7 @@ def dsv4_yarn(tmp_path_factory):
 
 def engine(path, **kw):
     """Pages of 8 tokens: a whole number of entries of both rates (4 and 8)."""
-    return tiny_engine(path, prefix_cache=False, **{"page_size": 8, **kw})
+    return tiny_engine(path, **{"page_size": 8, "prefix_cache": False, **kw})
 
 
 def run(eng, prompts, params):
@@ -117,15 +116,37 @@ def test_ragged_prefill_under_one_budget_matches_transformers(dsv4):
         assert worst(ref, p, tokens, logs) < TOL
 
 
-def test_n_forks_each_match_transformers(dsv4):
-    """n = 3 seeded samples of one prompt: the forks copy the parent's rings, compress
-    state and entries; every fork's rows are transformers' at its own tokens."""
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_n_forks_each_match_transformers(dsv4, prefix_cache):
+    """n = 3 seeded samples of one prompt: the forks copy the parent's rings and compress
+    state and share its entries' pages (with the prefix cache, its window pages too); every
+    fork's rows are transformers' at its own tokens."""
     path, ref = dsv4
     p = random_prompt(4 * W + 6, seed=5)
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
-    out = run(engine(path, chunk_size=16), [p], params)
+    out = run(engine(path, chunk_size=16, prefix_cache=prefix_cache), [p], params)
     assert len(out) == 3 and len({tuple(t) for t, _ in out}) > 1
     for tokens, logs in out:
+        assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_prefix_hits_equal_cold_runs(dsv4):
+    """Prompts that share 2, 3 and 5 pages of an earlier 51-token prompt, and the whole of
+    it: each hit restores the sliding ring and the compress rings at the page boundary and
+    shares the entries' pages; tokens and logits are the cold run's and transformers'."""
+    path, ref = dsv4
+    eng = engine(path, chunk_size=5, prefix_cache=True)
+    base = random_prompt(6 * W + 3, seed=30)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    run(eng, [base], params)
+    for cut in (16, 24, 40, len(base)):
+        hits = eng.cache.prefix.hit_tokens
+        p = base[:cut] + random_prompt(9, seed=cut)
+        (tokens, logs), = run(eng, [p], params)
+        assert eng.cache.prefix.hit_tokens - hits == cut // 8 * 8
+        (cold, cold_logs), = run(engine(path, chunk_size=5), [p], params)
+        assert tokens == cold
+        assert max((a - b).abs().max().item() for a, b in zip(logs, cold_logs)) < TOL
         assert worst(ref, p, tokens, logs) < TOL
 
 
@@ -210,16 +231,30 @@ def test_unimplemented_options_are_refused_by_field(tmp_path, field, value):
         engine(path)
 
 
-def test_speculative_tp_and_prefix_cache(dsv4):
-    path, _ = dsv4
-    with pytest.raises(ValueError, match="speculative"):
-        engine(path, speculative="ngram")
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_ngram_drafts_on_and_off_give_the_same_tokens(dsv4, prefix_cache):
+    """Repetitive prompts so that n-gram drafts are proposed, some accepted and most
+    rejected: a rejected draft's ring writes land in the rings' draft room (span = needed +
+    num_draft_tokens), its slots are forgotten and its entries rewritten before any query
+    reads them, so the tokens are the plain run's and transformers' greedy."""
+    path, ref = dsv4
+    prompts = [random_prompt(6, seed=3) * 6, random_prompt(5, seed=1) * 7 + [5, 6]]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    spec = engine(path, chunk_size=8, speculative="ngram", num_draft_tokens=4,
+                  prefix_cache=prefix_cache)
+    assert spec.layout.layers[1].compress.span == 2 * 4 + 4
+    drafted = run(spec, prompts, params)
+    plain = run(engine(path, chunk_size=8), prompts, params)
+    verified, accepted = spec.stats().draft_tokens
+    assert verified > accepted > 0
+    for p, (tokens, _), (plain_tokens, logs) in zip(prompts, drafted, plain):
+        assert tokens == plain_tokens
+        assert worst(ref, p, plain_tokens, logs) < TOL
+
+
+def test_tp_is_refused(dsv4):
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        engine(path, tensor_parallel_size=2)
-    eng = tiny_engine(path, page_size=8)  # the prefix cache is on by default: off here
-    assert eng.cache.prefix is None and not eng.prefix_cache
-    with pytest.raises(ValueError, match="prefix_cache"):  # the cache itself refuses it
-        type(eng.cache)(eng.layout, eng.plan, 256, torch.float32, "cpu", prefix_cache=True)
+        engine(dsv4[0], tensor_parallel_size=2)
 
 
 def test_plan_of_a_v4_flash_shaped_config(tmp_path):

@@ -196,7 +196,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         raw, eps = cfg.raw, cfg.rms_norm_eps
-        self.index, self.sliding = index, True
+        self.index = index
         self.self_attn, self.mlp = Attention(raw, index), MoE(raw, index)
         self.input_layernorm = Norm(cfg.hidden_size, eps)
         self.post_attention_layernorm = Norm(cfg.hidden_size, eps)

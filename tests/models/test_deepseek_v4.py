@@ -15,9 +15,9 @@ import pytest
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.memory.planner import plan_memory
+from tests.conftest import TEST_DEVICE, drive, hf_greedy, hf_logits, random_prompt, tiny_engine
 from tests.conftest import TINY_WINDOW as W
-from tests.conftest import drive, hf_greedy, hf_logits, random_prompt, tiny_engine
-from tests.helpers.checkpoints import write_tiny_deepseek_v4
+from tests.helpers.checkpoints import write_byte_bpe_tokenizer, write_tiny_deepseek_v4
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -148,6 +148,32 @@ def test_prefix_hits_equal_cold_runs(dsv4):
         assert tokens == cold
         assert max((a - b).abs().max().item() for a, b in zip(logs, cold_logs)) < TOL
         assert worst(ref, p, tokens, logs) < TOL
+
+
+def test_a_grammar_request_beside_plain_ones_through_the_offline_api(tmp_path):
+    """A regex request shares a 13-token budget with greedy ones (LLM API, a byte-level
+    tokenizer): its text matches and its tokens are what it gives alone; the greedy
+    requests' tokens are transformers'."""
+    import re
+
+    from swaserve import LLM
+
+    pytest.importorskip("llguidance")
+    vocab = write_byte_bpe_tokenizer(tmp_path)
+    path, ref = write_tiny_deepseek_v4(tmp_path, vocab_size=vocab)
+
+    def llm():
+        return LLM(path, dtype="float32", kv_memory="16MiB", max_running_requests=8,
+                   page_size=8, chunk_size=13, device=TEST_DEVICE)
+    regex = r"[0-9]{3}-[0-9]{4}"
+    prompts = [random_prompt(n, seed=90 + i) for i, n in enumerate((3 * W + 5, 2 * W - 1, 7))]
+    params = [SamplingParams(temperature=1.0, seed=3, max_tokens=30, regex=regex), GREEDY,
+              GREEDY]
+    outs = llm().generate(prompts, params)
+    assert re.fullmatch(regex, outs[0].text) and outs[0].finish_reason == "stop"
+    assert outs[0].token_ids == llm().generate([prompts[0]], params[0])[0].token_ids
+    for p, out in zip(prompts[1:], outs[1:]):
+        assert out.token_ids == hf_greedy(ref, p, GREEDY.max_tokens)
 
 
 def test_compress_ring_never_holds_more_than_its_span(dsv4):

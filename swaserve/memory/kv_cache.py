@@ -62,6 +62,12 @@ class KVCache:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
                                                    dtype, kv_device)
                 if self.compress is not None:  # cached tokens' compress state beside them
+                    longest = max(layout.layers[i].compress.needed
+                                  for i in layout.compressed_layers)
+                    if longest > layout.max_window:  # a hit restores W positions
+                        raise ValueError(f"prefix_cache: a compressed layer needs {longest} "
+                                         "raw tokens at a hit, more than the window "
+                                         f"{layout.max_window} the hit restores; turn it off")
                     self.compress.add_pages(plan.window_cache_pages * plan.page_size)
             if not layout.sliding_layers or self.window_pages is not None:
                 self.prefix = PrefixCache(

@@ -278,6 +278,14 @@ def test_ngram_drafts_on_and_off_give_the_same_tokens(dsv4, prefix_cache):
         assert worst(ref, p, plain_tokens, logs) < TOL
 
 
+def test_prefix_cache_is_refused_where_a_hit_could_not_restore_the_rings(tmp_path):
+    """W = 4 < the 8 raw tokens a rate-8 layer may need: a hit restores only W positions."""
+    path, _ = write_tiny_deepseek_v4(tmp_path, window=4)
+    with pytest.raises(ValueError, match="prefix_cache"):
+        engine(path, prefix_cache=True)
+    engine(path)  # without it the checkpoint runs
+
+
 def test_tp_is_refused(dsv4):
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         engine(dsv4[0], tensor_parallel_size=2)

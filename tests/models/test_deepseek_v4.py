@@ -207,16 +207,20 @@ def test_compress_ring_never_holds_more_than_its_span(dsv4):
     eng.release(req.request_id)
 
 
-def test_planner_bytes_are_what_the_cache_allocates(dsv4):
-    """Rings per row; entries and indexer keys with the pages, 1 / rate per token."""
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_planner_bytes_are_what_the_cache_allocates(dsv4, prefix_cache):
+    """Rings per row; entries and indexer keys with the pages, 1 / rate per token; with the
+    prefix cache, window pages holding each cached token's K=V once and its raw state."""
     path, _ = dsv4
-    eng = engine(path, kv_memory="4MiB", max_running_requests=3, max_model_len=256)
+    eng = engine(path, kv_memory="4MiB", max_running_requests=3, max_model_len=256,
+                 prefix_cache=prefix_cache)
     layout = eng.layout
     assert layout.compressed_layers == (1, 2, 3, 4)
     assert [layout.layers[i].compress.span for i in (1, 2)] == [8, 8]
     plan = plan_memory(layout, 4 * 2**20, 4, chunk_size=16, page_size=8, max_model_len=256,
-                       max_running_requests=3)
-    assert plan == eng.plan
+                       max_running_requests=3,
+                       window_cache_bytes=4 * 2**20 // 5 if prefix_cache else 0)
+    assert plan == eng.plan and bool(plan.window_cache_pages) == prefix_cache
     assert plan.used_bytes == eng.cache.nbytes()
     # (16 + 8) * 4 B / 4 twice (C4), 16 * 4 B / 8 twice (C128); no full layer
     assert plan.full_bytes_per_token == 2 * 24 + 2 * 8

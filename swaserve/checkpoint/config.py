@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from swaserve.checkpoint import gemma4_config, qwen3_5_config
-from swaserve.memory.layout import CacheLayout, LayerKind, LayerSpec
+from swaserve.checkpoint import deepseek_v4_config, gemma4_config, qwen3_5_config
+from swaserve.memory.layout import CacheLayout, CompressSpec, LayerKind, LayerSpec
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class ModelConfig:
     # every layer attends both ways (EmbeddingGemma): an encoder, which embeds and does not
     # generate; a sliding layer then sees the keys within sliding_window // 2 either side
     bidirectional: bool = False
+    # DeepSeek-V4: per layer (compress rate, overlapping windows, indexer head size); empty
+    # for other families, rate 0 for a layer without compressed entries
+    layer_compress: tuple[tuple[int, bool, int], ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -74,7 +77,9 @@ class ModelConfig:
         return (len(set(self.layer_head_dims)) <= 1 and len(set(self.layer_kv_heads)) <= 1
                 and not any(s is not None for s in self.kv_sources))
 
-    def cache_layout(self) -> CacheLayout:
+    def cache_layout(self, drafts: int = 0) -> CacheLayout:
+        """The layers' cache needs; `drafts`: the draft tokens a step may write (speculative
+        decoding), which compressed layers' rings make room for."""
         specs = []
         for i, kind in enumerate(self.layer_types):
             if kind == "linear":  # a recurrent state per request, no KV
@@ -86,8 +91,16 @@ class ModelConfig:
             specs.append(LayerSpec(LayerKind.SLIDING if sliding else LayerKind.FULL,
                                    self.kv_heads_of(i), self.head_dim_of(i),
                                    window=self.sliding_window if sliding else None,
-                                   kv_source=self.kv_source_of(i)))
+                                   kv_source=self.kv_source_of(i),
+                                   compress=self._compress_spec(i, drafts),
+                                   kv_shared=bool(self.layer_compress)))
         return CacheLayout(tuple(specs))
+
+    def _compress_spec(self, layer: int, drafts: int) -> CompressSpec | None:
+        if not self.layer_compress or not self.layer_compress[layer][0]:
+            return None
+        rate, overlap, index_dim = self.layer_compress[layer]
+        return CompressSpec(rate, self.head_dim_of(layer), overlap, index_dim, drafts)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -104,6 +117,13 @@ class ModelConfig:
             dims, kv_heads = gemma4_config.layer_shapes(cfg)
             per_layer = dict(layer_head_dims=dims, layer_kv_heads=kv_heads,
                              kv_sources=gemma4_config.kv_sources(cfg))
+        if deepseek_v4_config.is_deepseek_v4(cfg):
+            # every layer keeps a sliding K=V window; C4 / C128 layers compressed state too
+            cfg = deepseek_v4_config.with_defaults(cfg)
+            per_layer = dict(layer_compress=deepseek_v4_config.compress_layout(cfg))
+            cfg = {**cfg, "attention_types": cfg["layer_types"],
+                   "layer_types": ["sliding_attention"] * int(cfg["num_hidden_layers"]),
+                   "intermediate_size": cfg["moe_intermediate_size"]}
         n = int(cfg["num_hidden_layers"])
         layer_types, window = _layer_types(cfg, n)
         rope = _rope(cfg)

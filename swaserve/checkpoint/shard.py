@@ -43,6 +43,9 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     if qwen3_5_config.is_qwen3_5(cfg.raw):
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (Gated DeltaNet layers, "
                          "whose state would split by value head) runs on one rank only")
+    if cfg.layer_compress:
+        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (compressed attention, "
+                         "hyper-connections) runs on one rank only")
     if not cfg.uniform_attention or gemma4_config.is_gemma4(cfg.raw):
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (per-layer head shapes, "
                          "KV shared across layers, per-layer inputs) runs on one rank only")

@@ -37,8 +37,10 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     source = resolve_model(config.model, config.revision)
     cfg = source.model_config()
     tp = config.tensor_parallel_size
-    layout = local_config(cfg, tp).cache_layout()
+    layout = local_config(cfg, tp).cache_layout(
+        config.num_draft_tokens if config.speculative else 0)
     budget = config.kv_memory_bytes
+    dtype_bytes = DTYPE_BYTES[config.dtype]
 
     def accounting(lay) -> dict:
         acc = compare_accounting(lay, budget, DTYPE_BYTES[config.dtype], context=context,
@@ -75,7 +77,14 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
                    # slots a ring adds for a draft that writes more than a chunk
                    "draft_allowance": (layout.ring_size(config.step_tokens, config.page_size)
                                        - layout.ring_size(config.chunk_size, config.page_size)),
-                   "step_tokens": config.step_tokens},
+                   "step_tokens": config.step_tokens,
+                   # DeepSeek-V4: [layer, rate, raw-token ring slots, entry bytes per token,
+                   # ring bytes per request] of each compressed layer
+                   "compressed": [[i, layout.layers[i].compress.rate,
+                                   layout.layers[i].compress.span,
+                                   layout.layers[i].compress.entry_bytes_per_token(dtype_bytes),
+                                   layout.layers[i].compress.ring_bytes(dtype_bytes)]
+                                  for i in layout.compressed_layers]},
         "recurrent": recurrent,
         "accounting": accounting(layout),
         # as if every layer stored its own KV: what sharing saves, side by side
@@ -119,6 +128,13 @@ def run(args: argparse.Namespace) -> int:
     if len({tuple(v) for v in lay["kv_shape"].values()}) > 1:
         print("KV heads x head size: " + ", ".join(f"{k} {h} x {d}"
                                                    for k, (h, d) in lay["kv_shape"].items()))
+    if lay["compressed"]:
+        rates: dict[int, list] = {}
+        for _, rate, span, per_token, ring in lay["compressed"]:
+            rates.setdefault(rate, []).append((span, per_token, ring))
+        print("compressed: " + "; ".join(
+            f"{len(v)} layers at rate {r} ({v[0][1]} B/token of entries, a ring of {v[0][0]} "
+            f"raw tokens = {v[0][2]:,} B/request each)" for r, v in sorted(rates.items())))
     _table(rep["accounting"], rep["context"])
     if rep["without_kv_sharing"] is not None:
         print("without KV sharing (every layer storing its own KV):")

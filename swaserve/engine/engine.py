@@ -124,7 +124,8 @@ class Engine:
     def _build_memory(self, config: EngineConfig) -> None:
         """The KV plan and cache for this rank's KV heads, and the model the backend runs
         over them."""
-        self.layout = self.model.cfg.cache_layout()
+        self.layout = self.model.cfg.cache_layout(
+            config.num_draft_tokens if config.speculative else 0)
         # a prefix hit starts a prompt's chunks at the hit, not at fixed positions
         self.prefix_cache = config.prefix_cache and not config.batch_invariant
         self.plan = plan_kv(config, self.layout, self.max_model_len, self.device,

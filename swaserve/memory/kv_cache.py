@@ -14,6 +14,7 @@ from collections import Counter
 
 import torch
 
+from swaserve.memory.compress_pool import CompressPool
 from swaserve.memory.full_pool import FullKVPool
 from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
@@ -43,10 +44,10 @@ class KVCache:
         self.page_size = plan.page_size
         self.device = device
         # the req-to-token table maps positions to full-pool slots: none without full layers
-        self.rows = RequestRows(plan.num_rows, max_model_len if layout.full_layers else 1, device)
+        self.rows = RequestRows(plan.num_rows, max_model_len if layout.paged else 1, device)
         self.full: FullKVPool | None = None
         self.window: WindowPool | None = None
-        if layout.full_layers:
+        if layout.paged:  # full layers' KV, or only compressed entries (DeepSeek-V4)
             self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, dtype, kv_device)
         if layout.sliding_layers:
             self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
@@ -56,12 +57,25 @@ class KVCache:
             self.state = StatePool(layout, plan.num_rows, plan.draft_state_slots,
                                    plan.state_checkpoint_slots, dtype, device, kv_device)
             self.rows.register_on_alloc_rows(self.state.reset_rows)
+        self.compress: CompressPool | None = None  # DeepSeek-V4's compressed layers
+        if layout.compressed_layers:
+            self.compress = CompressPool(layout, plan.num_rows, self.full.num_tokens,
+                                         plan.page_size, dtype, kv_device)
+            self.rows.register_on_alloc_rows(self.compress.reset_rows)
         self.window_pages: WindowPagePool | None = None
         self.prefix: PrefixCache | None = None
         if prefix_cache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
                                                    dtype, kv_device)
+                if self.compress is not None:  # cached tokens' compress state beside them
+                    longest = max(layout.layers[i].compress.needed
+                                  for i in layout.compressed_layers)
+                    if longest > layout.max_window:  # a hit restores W positions
+                        raise ValueError(f"prefix_cache: a compressed layer needs {longest} "
+                                         "raw tokens at a hit, more than the window "
+                                         f"{layout.max_window} the hit restores; turn it off")
+                    self.compress.add_pages(plan.window_cache_pages * plan.page_size)
             windows_ok = not layout.sliding_layers or self.window_pages is not None
             states_ok = self.state is None or plan.state_checkpoint_slots > 0
             if windows_ok and states_ok:
@@ -185,6 +199,8 @@ class KVCache:
             ring = self.window.ring
             slots = row * ring + torch.arange(start, end) % ring
             self.window.positions[slots.to(self.window.positions.device)] = EMPTY
+        if self.compress is not None:
+            self.compress.forget(row, start, end)
         keep = -(-(start + 1) // self.page_size)
         if self.full is not None and len(self.row_pages[row]) > keep:
             self.full.allocator.decref(self.row_pages[row][keep:])
@@ -251,6 +267,8 @@ class KVCache:
             self.copy_kv("state", torch.tensor([row], device=self.device),
                          "state", torch.tensor([src], device=self.device))
             self.state.consumed[row] = num_tokens
+        if self.compress is not None:
+            self.compress.copy_row(src, row)
         if self.window is not None:
             self.window.copy_row(src, row)
             if self.copy_log is not None:
@@ -324,6 +342,8 @@ class KVCache:
             dst = (row * ring + pos % ring).to(self.window.positions.device)
             self.copy_kv("ring", dst, "window_pages", src)
             self.window.positions[dst] = pos.to(self.window.positions.device)
+            if self.compress is not None:
+                self.compress.restore(row, pos.to(self.window.positions.device), src)
         if self.state is not None:  # the checkpoint at the hit point into the row's slot
             self.copy_kv("state", torch.tensor([row], device=self.device), "state",
                          torch.tensor([self.state.checkpoint_slot(m.state)],
@@ -337,6 +357,8 @@ class KVCache:
         of another, in every layer of their kind (logged when copy_log is on)."""
         for d, s in zip(self._kv_buffers(dst_pool), self._kv_buffers(src_pool)):
             d[dst] = s[src]
+        if self.compress is not None and dst_pool == src_pool == "full":
+            self.compress.copy_entries(dst, src)
         if log and self.copy_log is not None:
             self.copy_log.append((dst_pool, dst, src_pool, src))
 
@@ -379,6 +401,8 @@ class KVCache:
             total += self.window_pages.nbytes()
         if self.state is not None:
             total += self.state.nbytes()
+        if self.compress is not None:
+            total += self.compress.nbytes()
         return total
 
     def usage(self) -> dict[str, tuple[int, int]]:
@@ -432,6 +456,8 @@ class KVCache:
 
     def check_integrity(self) -> None:
         self.rows.check_integrity()
+        if self.compress is not None:
+            self.compress.check_integrity(set(self.row_pages))
         held_full, held_win = self.prefix.references() if self.prefix is not None else ({}, {})
         if self.full is not None:
             self.full.check_integrity()

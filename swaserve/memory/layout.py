@@ -20,6 +20,52 @@ import enum
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class CompressSpec:
+    """A DeepSeek-V4 compressed layer's state beside its sliding K=V branch: one pooled
+    entry per `rate` tokens (C4: each pooled over two windows, `overlap`, with the lightning
+    indexer's keys of `index_head_dim` beside it; C128: one window). Tokens not yet pooled
+    wait in a per-row ring of `span` slots (memory/compress_pool.py)."""
+
+    rate: int
+    head_dim: int
+    overlap: bool = False
+    index_head_dim: int = 0
+    drafts: int = 0  # draft tokens a step may write and roll back (speculative decoding)
+
+    @property
+    def needed(self) -> int:
+        """Raw tokens a row may still need: the open window, with overlap the one before."""
+        return self.rate * (2 if self.overlap else 1)
+
+    @property
+    def span(self) -> int:
+        """Raw-token slots per row: what may be needed, and room for a step's drafts, whose
+        writes must not overwrite a needed token if they are rejected."""
+        return self.needed + self.drafts
+
+    @property
+    def width(self) -> int:
+        """Channels of one raw token's kv (and of its gate scores)."""
+        return self.head_dim * (2 if self.overlap else 1)
+
+    @property
+    def index_width(self) -> int:
+        return self.index_head_dim * (2 if self.overlap else 1)
+
+    def ring_bytes(self, dtype_bytes: int) -> int:
+        """One row's ring: kv and gate of the compressor and the indexer, int64 positions."""
+        return self.span * (2 * (self.width + self.index_width) * dtype_bytes + 8)
+
+    def entry_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Entries and indexer keys cost per token (one of each per `rate` tokens)."""
+        per_entry = (self.head_dim + self.index_head_dim) * dtype_bytes
+        if per_entry % self.rate:
+            raise ValueError(f"head_dim: an entry of {per_entry} bytes does not split over "
+                             f"{self.rate} tokens")
+        return per_entry // self.rate
+
+
 class LayerKind(enum.Enum):
     FULL = "full"
     SLIDING = "sliding"
@@ -40,6 +86,8 @@ class LayerSpec:
     # (heads, d_k, d_v) of the recurrent state, in float32
     conv_state: tuple[int, int] | None = None
     recurrent_state: tuple[int, int, int] | None = None
+    compress: CompressSpec | None = None  # DeepSeek-V4's compressed entries and their state
+    kv_shared: bool = False  # K and V are one tensor (DeepSeek-V4), stored once
 
     def __post_init__(self) -> None:
         if (self.kind is LayerKind.SLIDING) != (self.window is not None):
@@ -56,7 +104,7 @@ class LayerSpec:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         if self.kind is LayerKind.RECURRENT:
             return 0
-        return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+        return (1 if self.kv_shared else 2) * self.num_kv_heads * self.head_dim * dtype_bytes
 
     def state_bytes(self, dtype_bytes: int) -> int:
         """Bytes of per-request state beside the KV: `fixed_state_bytes`, and a recurrent
@@ -114,6 +162,16 @@ class CacheLayout:
     def reusing_layers(self) -> tuple[int, ...]:
         """Layers that read another layer's KV and store none."""
         return tuple(i for i, s in enumerate(self.layers) if not s.stores_kv)
+
+    @property
+    def paged(self) -> bool:
+        """Whether requests take pages (full layers' KV, compressed entries)."""
+        return bool(self.full_layers or self.compressed_layers)
+
+    @property
+    def compressed_layers(self) -> tuple[int, ...]:
+        """Layers with compressed entries and a compress state (DeepSeek-V4's C4 / C128)."""
+        return tuple(i for i, s in enumerate(self.layers) if s.compress is not None)
 
     def dense_index(self, layer: int) -> int:
         """Index of `layer`'s buffer among the storing layers of its kind (a reusing layer's

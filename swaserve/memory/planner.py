@@ -24,6 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
+from swaserve.memory.compress_pool import (
+    compress_bytes_per_token,
+    compress_page_bytes_per_token,
+    compress_row_bytes,
+)
 from swaserve.memory.layout import CacheLayout
 
 MAX_DEFAULT_ROWS = 256
@@ -76,8 +81,10 @@ class MemoryPlan:
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
     """KV bytes a token costs in the full layers that store it (each at its own shape; a
-    layer that reuses another's KV costs nothing)."""
-    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
+    layer that reuses another's KV costs nothing), and in compressed entries (DeepSeek-V4's,
+    paged with the full pool's pages at one per `rate` tokens)."""
+    return (sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
+            + compress_bytes_per_token(layout, dtype_bytes))
 
 
 def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -101,11 +108,12 @@ def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
                         max_model_len: int = 0) -> int:
     """What one request row prepays: its rings, the ring slots' recorded positions (int64,
     shared by all sliding layers), per-request layer state (a recurrent layer's conv window
-    and matrices), and (with `max_model_len`) its req-to-token row of int64 full-pool
-    slots."""
+    and matrices), (with `max_model_len`) its req-to-token row of int64 full-pool slots, and
+    compressed layers' rings."""
     state = sum(s.state_bytes(dtype_bytes) for s in layout.layers)
+    state += compress_row_bytes(layout, dtype_bytes)
     positions = 8 * ring if ring else 0
-    table = 8 * max_model_len if layout.full_layers else 0
+    table = 8 * max_model_len if layout.paged else 0
     return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions + table
 
 
@@ -117,7 +125,9 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     cache's window pages and `state_cache_bytes` to its state checkpoints; a model with
     recurrent layers also keeps `draft_state_slots` snapshots for speculative steps. Raises
     ValueError when the budget cannot hold one request row plus one page of full KV."""
-    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    # a window page holds its tokens' sliding KV and, for compressed layers, their raw state
+    swa_bpt = (sliding_bytes_per_token(layout, dtype_bytes)
+               + compress_page_bytes_per_token(layout, dtype_bytes))
     window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
     slot = layout.state_bytes_per_row(dtype_bytes)
     drafts = draft_state_slots if slot else 0
@@ -192,8 +202,12 @@ def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int,
                    if full_bpt else 0)
     ring_acc = Accounting("ring", full_bpt, fixed, ring_tokens, n_ring, per_req)
 
-    # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well
-    ts_bpt = full_bpt + swa_ratio * swa_bpt + rec_bpt
+    # (b) token-scaled: every full-pool token is charged swa_ratio tokens of SWA KV as well,
+    # compressed layers' state one row's rings per page of those (SGLang's c4 state pool
+    # before its per-request rings: ring / page rows per SWA token), and recurrent layers
+    # their own q/k/v heads' KV per token
+    ts_bpt = (full_bpt + swa_ratio * (swa_bpt + compress_row_bytes(layout, dtype_bytes)
+                                      / page_size) + rec_bpt)
     ts_tokens = int(budget_bytes // ts_bpt) // page_size * page_size if ts_bpt else 0
     if full_bpt:
         n_ts = ts_tokens // ctx_tokens

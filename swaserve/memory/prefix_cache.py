@@ -55,10 +55,13 @@ class WindowPagePool:
         shape = lambda i: (num_pages * page_size, layout.layers[i].num_kv_heads,  # noqa: E731
                            layout.layers[i].head_dim)
         self.k = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
-        self.v = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
+        # K = V layers (DeepSeek-V4) keep one buffer, as their rings do
+        self.v = [k if layout.layers[i].kv_shared else torch.zeros_like(k)
+                  for i, k in zip(layout.sliding_layers, self.k)]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size()
+                   for t in self.k + [v for v, k in zip(self.v, self.k) if v is not k])
 
     def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[dense_layer].index_copy_(0, slots, k)

@@ -17,6 +17,14 @@ from swaserve.memory.layout import CacheLayout
 EMPTY = -1
 
 
+def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for t in tensors:
+        if not any(t is u for u in out):
+            out.append(t)
+    return out
+
+
 class WindowPool:
     def __init__(self, layout: CacheLayout, num_rows: int, ring: int,
                  dtype: torch.dtype, device: torch.device | str,
@@ -32,10 +40,12 @@ class WindowPool:
             spec = layout.layers[i]
             shape = (num_rows * ring, spec.num_kv_heads, spec.head_dim)
             self.k.append(torch.zeros(shape, dtype=dtype, device=kv_device))
-            self.v.append(torch.zeros(shape, dtype=dtype, device=kv_device))
+            # K = V layers (DeepSeek-V4) keep one buffer: V is K's
+            self.v.append(self.k[-1] if spec.kv_shared
+                          else torch.zeros(shape, dtype=dtype, device=kv_device))
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in _unique(self.k + self.v))
 
     def reset_rows(self, rows: list[int]) -> None:
         """Alloc hook: a new request's rings start empty."""

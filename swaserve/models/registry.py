@@ -13,6 +13,7 @@ _REGISTRY = {
     "MistralForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("swaserve.models.llama", "LlamaForCausalLM"),
+    "DeepseekV4ForCausalLM": ("swaserve.models.deepseek_v4", "DeepseekV4ForCausalLM"),
     "GptOssForCausalLM": ("swaserve.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen3_5ForCausalLM": ("swaserve.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "Qwen3_5MoeForCausalLM": ("swaserve.models.qwen3_5", "Qwen3_5ForCausalLM"),

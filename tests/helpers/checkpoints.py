@@ -203,3 +203,46 @@ def write_tiny_qwen3_5(path, seed=0, moe=False, **kw):
             elif name.endswith("dt_bias"):
                 p.normal_(0.0, 0.5)
     return _save(model.eval(), path)
+
+
+DSV4_TYPES = ("sliding_attention", "compressed_sparse_attention",
+              "heavily_compressed_attention", "compressed_sparse_attention",
+              "heavily_compressed_attention")
+
+
+def write_tiny_deepseek_v4(path, window=TINY_WINDOW, seed=0, **kw):
+    """A tiny DeepSeek-V4 checkpoint at `path`: a sliding layer, C4 layers (rate 4, the
+    indexer keeping 3 entries, so it binds), C128-kind layers at rate 8, two hyper-connection
+    streams, four experts (hash routing in the first layer), gate biases, sinks and
+    position biases away from zero: (path, model)."""
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    n = kw.pop("num_hidden_layers", len(DSV4_TYPES))
+    args = dict(vocab_size=128, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=n,
+                num_attention_heads=4, head_dim=16, q_lora_rank=24, partial_rotary_factor=0.5,
+                num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
+                sliding_window=window, o_groups=2, o_lora_rank=8, index_n_heads=8,
+                index_head_dim=8, index_topk=3, hc_mult=2, hc_sinkhorn_iters=5,
+                layer_types=list(DSV4_TYPES[:n]),
+                compress_rates={"compressed_sparse_attention": 4,
+                                "heavily_compressed_attention": 8},
+                mlp_layer_types=["hash_moe"] + ["moe"] * (n - 1), max_position_embeddings=512,
+                num_nextn_predict_layers=0, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    cfg = DeepseekV4Config(**{**args, **kw})
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif name.endswith(("sinks", "position_bias", "base", "e_score_correction_bias")):
+                p.normal_(0.0, 0.5)
+        g = torch.Generator().manual_seed(seed)
+        for layer in model.model.layers:
+            if layer.mlp.is_hash:
+                experts = torch.stack([torch.randperm(cfg.n_routed_experts, generator=g)[:2]
+                                       for _ in range(cfg.vocab_size)])
+                layer.mlp.gate.tid2eid.copy_(experts)
+            else:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.5, generator=g)
+    return _save(model.eval(), path)

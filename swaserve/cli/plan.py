@@ -8,11 +8,12 @@ import dataclasses
 import json
 
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
-from swaserve.config import DTYPE_BYTES, EngineConfig
+from swaserve.config import TORCH_DTYPES, EngineConfig
+from swaserve.memory.kv_quant import kv_format
 from swaserve.memory.planner import compare_accounting
 
 PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
-               "speculative", "num_draft_tokens", "tensor_parallel_size")
+               "kv_cache_dtype", "speculative", "num_draft_tokens", "tensor_parallel_size")
 
 
 def register(sub) -> None:
@@ -40,11 +41,12 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     layout = local_config(cfg, tp).cache_layout()
     budget = config.kv_memory_bytes
 
-    def accounting(lay) -> dict:
-        acc = compare_accounting(lay, budget, DTYPE_BYTES[config.dtype], context=context,
+    def accounting(lay, kv_cache_dtype: str = config.kv_cache_dtype) -> dict:
+        fmt = kv_format(kv_cache_dtype, TORCH_DTYPES[config.dtype])
+        acc = compare_accounting(lay, budget, fmt.value_bytes, context=context,
                                  chunk_size=config.step_tokens, page_size=config.page_size,
                                  max_running_requests=config.max_running_requests,
-                                 swa_ratio=swa_ratio)
+                                 swa_ratio=swa_ratio, scale_bytes=fmt.scale_bytes)
         return {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                 for k, a in acc.items()}
 
@@ -52,6 +54,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
+        "kv_cache_dtype": kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype]).name,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    # layers that read another layer's KV and store none (Gemma 4)
@@ -64,6 +67,9 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
                                        - layout.ring_size(config.chunk_size, config.page_size)),
                    "step_tokens": config.step_tokens},
         "accounting": accounting(layout),
+        # a quantized cache beside the compute dtype's, the same budget
+        "unquantized_accounting": (accounting(layout, "auto")
+                                   if config.kv_cache_dtype != "auto" else None),
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())
                                if layout.reusing_layers else None),
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"layers: {len(lay['full'])} full, {len(lay['sliding'])} sliding (W={lay['window']}, "
           f"ring {lay['ring']} slots: W + {lay['step_tokens']} tokens a step, "
           f"{lay['draft_allowance']} of them for drafts); budget {rep['kv_memory_bytes'] / gib:.2f} GiB, "
-          f"context {rep['context']}, {rep['dtype']}")
+          f"context {rep['context']}, {rep['dtype']}, KV cache {rep['kv_cache_dtype']}")
     if rep["tensor_parallel_size"] > 1:
         print(f"per rank of {rep['tensor_parallel_size']}: {rep['kv_heads_per_rank']} KV heads "
               f"a layer, the budget above on each rank")
@@ -91,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         print("KV heads x head size: " + ", ".join(f"{k} {h} x {d}"
                                                    for k, (h, d) in lay["kv_shape"].items()))
     _table(rep["accounting"], rep["context"])
+    if rep["unquantized_accounting"] is not None:
+        print(f"with a {rep['dtype']} KV cache (--kv-cache-dtype auto):")
+        _table(rep["unquantized_accounting"], rep["context"])
     if rep["without_kv_sharing"] is not None:
         print("without KV sharing (every layer storing its own KV):")
         _table(rep["without_kv_sharing"], rep["context"])

@@ -131,7 +131,8 @@ class Engine:
                             self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
-                             prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)
+                             prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device,
+                             kv_cache_dtype=config.kv_cache_dtype)
         self.model = self.backend.model(self.model, self.cache, self.source)
         if self.tp is not None:
             self.cache.copy_log = []

@@ -37,8 +37,10 @@ class LayerSpec:
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: int, scale_bytes: int = 0) -> int:
+        """K and V of one token: `dtype_bytes` a value, `scale_bytes` a KV head beside them
+        when the KV is quantized (memory/kv_quant.py)."""
+        return 2 * self.num_kv_heads * (self.head_dim * dtype_bytes + scale_bytes)
 
     @property
     def stores_kv(self) -> bool:

@@ -21,7 +21,8 @@ cache is full evicts a page or two every decode step; a cache of a few GiB holds
 ~100,000 nodes.
 
 Address scheme: window page `w` holds positions of one full page at slots
-`w * page_size + offset` of one buffer per sliding layer (dense sliding index).
+`w * page_size + offset` of one buffer per sliding layer (dense sliding index), in the
+rings' KV format (memory/kv_quant.py): a restore copies the same stored bytes and scales.
 """
 
 from __future__ import annotations
@@ -33,25 +34,18 @@ from dataclasses import dataclass, field
 import torch
 
 from swaserve.memory.full_pool import PageAllocator
+from swaserve.memory.kv_quant import KVBuffers, KVFormat
 from swaserve.memory.layout import CacheLayout
 
 
-class WindowPagePool:
+class WindowPagePool(KVBuffers):
     def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 fmt: KVFormat, device: torch.device | str):
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages, page_size)
-        shape = lambda i: (num_pages * page_size, layout.layers[i].num_kv_heads,  # noqa: E731
-                           layout.layers[i].head_dim)
-        self.k = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
-        self.v = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[dense_layer].index_copy_(0, slots, k)
-        self.v[dense_layer].index_copy_(0, slots, v)
+        super().__init__([(num_pages * page_size, layout.layers[i].num_kv_heads,
+                           layout.layers[i].head_dim) for i in layout.sliding_layers],
+                         fmt, device)
 
 
 @dataclass(eq=False)

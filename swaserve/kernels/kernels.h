@@ -73,6 +73,13 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
                           const uint16_t *v, const int64_t *slots, const uint8_t *mask,
                           const float *sinks, uint16_t *out, int64_t b, int64_t h,
                           int64_t kvh, int64_t d, int64_t l, float scale, int threads);
+/* attention_q8.c: the same over int8 caches, k and v [S, KVH, D] int8 and their scales
+   k_scale, v_scale [S, KVH] float (a key's value is scale * int8) */
+int decode_attention_q8(const uint16_t *q, int64_t q_stride, const int8_t *k, const int8_t *v,
+                        const float *k_scale, const float *v_scale, const int64_t *slots,
+                        const uint8_t *mask, const float *sinks, uint16_t *out, int64_t b,
+                        int64_t h, int64_t kvh, int64_t d, int64_t l, float scale,
+                        int threads);
 /* attention.c: prompt attention (AVX-512 BF16): q [n, H, D], k and v [L, KVH, D], mask
    [n, L] bytes (1 = attend) or NULL (causal: query i sees keys 0 .. L - n + i), sinks [H]
    float or NULL, out [n, H, D]; all bf16. 0 on success, -1 for shapes not taken, -2

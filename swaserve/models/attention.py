@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swaserve.kernels.attention import (
     decode_attention_bf16,
+    decode_attention_q8,
     prefill_attention_bf16,
     prefill_preferred,
 )
@@ -131,7 +132,10 @@ def decode_attention(q: torch.Tensor, pool: KVBuffers, dense: int, slots: torch.
     are stored; None where no kernel takes them (SDPA then runs)."""
     if not pool.kv_format.quantized:
         return decode_attention_bf16(q, pool.k[dense], pool.v[dense], slots, mask, scale, sinks)
-    return None  # SDPA on the dequantized keys
+    if pool.kv_format.values == torch.int8:
+        return decode_attention_q8(q, pool.k[dense], pool.v[dense], pool.k_scale[dense],
+                                   pool.v_scale[dense], slots, mask, scale, sinks)
+    return None  # fp8: no kernel, SDPA on the dequantized keys
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor | None,

@@ -83,8 +83,8 @@ class EngineConfig:
         "help": "KV budget as a fraction of free memory after weights and activations"})
     kv_cache_dtype: str = field(default="auto", metadata={
         "help": "how the KV cache stores K and V: 'auto' (the compute dtype), 'int8' or "
-                "'fp8_e4m3' (8-bit values and a float32 scale per token and KV head: about "
-                "half of bf16's bytes, so twice the context; not on device mlx)"})
+                "'fp8_e4m3' (8-bit values and a float32 scale per 32 of them: 0.56 of bf16's "
+                "bytes, so 1.8 times the context; not on device mlx)"})
     prefix_cache: bool = field(default=True, metadata={"help": "share the KV of cached prompt prefixes"})
     profile: bool = field(default=False, metadata={
         "help": "time each part of a step (LM head, projections, attention, host work): "

@@ -1,11 +1,13 @@
 """The stored form of K and V (`EngineConfig.kv_cache_dtype`): the compute dtype as it is
-("auto"), or 8-bit values with a float32 scale per (slot, KV head) beside them.
+("auto"), or 8-bit values with a float32 scale per block of `BLOCK` values of each (slot,
+KV head) beside them (one block a head whose size `BLOCK` does not divide).
 
-int8 stores `round(x / s)` in [-127, 127] with `s = max|x| / 127` over the head's `head_dim`
-values (the layout of llama.cpp's q8_0 blocks and SGLang's int8 KV, one block per head);
-fp8_e4m3 stores `x / s` as torch.float8_e4m3fn with `s = max|x| / 448`: a scale keeps the
-largest value of each head at e4m3's top and its small values out of the subnormals, where
-an unscaled cast would lose both. A head of zeros has scale 0 and reads back as zeros.
+int8 stores `round(x / s)` in [-127, 127] with `s = max|x| / 127` over the block (llama.cpp's
+q8_0 layout, with a float32 scale); fp8_e4m3 stores `x / s` as torch.float8_e4m3fn with
+`s = max|x| / 448`: a scale keeps each block's largest value at e4m3's top and its small
+values out of the subnormals, where an unscaled cast would lose both. A block of zeros has
+scale 0 and reads back as zeros. Blocks of 32 rather than one scale a head: Gemma 3's keys
+reach 5 to 11 times their RMS in a head, and a head-wide step gave twice the error.
 
 `KVBuffers` is one pool's buffers in a format (full pool, window rings, window pages); every
 reader of a quantized pool sees `dequantize(values, scales)`, and the layer's own K/V of the
@@ -22,6 +24,12 @@ import torch
 from swaserve.config import KV_CACHE_DTYPES
 
 SCALE_DTYPE = torch.float32
+BLOCK = 32  # values a scale covers
+
+
+def scale_blocks(head_dim: int) -> int:
+    """Scales a (slot, KV head) has: blocks of BLOCK, or one for the whole head."""
+    return head_dim // BLOCK if head_dim % BLOCK == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class KVFormat:
 
     @property
     def scale_bytes(self) -> int:
-        """Bytes of one (slot, KV head)'s scale."""
+        """Bytes of one scale (`scale_blocks(head_dim)` of them a slot and KV head)."""
         return torch.empty((), dtype=SCALE_DTYPE).element_size() if self.quantized else 0
 
 
@@ -57,18 +65,19 @@ def kv_format(kv_cache_dtype: str, dtype: torch.dtype) -> KVFormat:
 
 
 def quantize(x: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] -> (values [..., D] in `fmt.values`, scales [...] float32)."""
-    xf = x.to(torch.float32)
+    """x [..., D] -> (values [..., D] in `fmt.values`, scales [..., scale_blocks(D)] float32)."""
+    xf = x.to(torch.float32).unflatten(-1, (scale_blocks(x.shape[-1]), -1))
     scale = xf.abs().amax(dim=-1) / fmt.qmax
     y = xf / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
     if fmt.values == torch.int8:
-        return y.round_().clamp_(-127, 127).to(torch.int8), scale
-    return y.clamp_(-fmt.qmax, fmt.qmax).to(fmt.values), scale
+        return y.round_().clamp_(-127, 127).flatten(-2).to(torch.int8), scale
+    return y.clamp_(-fmt.qmax, fmt.qmax).flatten(-2).to(fmt.values), scale
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The inverse of `quantize`, in `dtype` (float32 products, rounded once)."""
-    return (values.to(torch.float32) * scales[..., None]).to(dtype)
+    v = values.to(torch.float32).unflatten(-1, (scales.shape[-1], -1)) * scales[..., None]
+    return v.flatten(-2).to(dtype)
 
 
 def round_trip(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
@@ -78,8 +87,8 @@ def round_trip(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
 
 class KVBuffers:
     """One pool's K and V buffers, a pair per layer of shape [slots, KV heads, head_dim] in
-    the format's dtype; when quantized, `k_scale` / `v_scale` [slots, KV heads] beside them
-    (empty lists otherwise). Every buffer is indexed by slot in dim 0, so a copy of slots
+    the format's dtype; when quantized, `k_scale` / `v_scale` [slots, KV heads, blocks]
+    beside them (empty lists otherwise). Every buffer is indexed by slot in dim 0, so a copy of slots
     moves values and scales alike (`buffers`)."""
 
     def __init__(self, shapes: list[tuple[int, int, int]], fmt: KVFormat,
@@ -90,8 +99,10 @@ class KVBuffers:
         self.k_scale: list[torch.Tensor] = []
         self.v_scale: list[torch.Tensor] = []
         if fmt.quantized:
-            self.k_scale = [torch.zeros(s[:2], dtype=SCALE_DTYPE, device=device) for s in shapes]
-            self.v_scale = [torch.zeros(s[:2], dtype=SCALE_DTYPE, device=device) for s in shapes]
+            self.k_scale = [torch.zeros(*s[:2], scale_blocks(s[2]), dtype=SCALE_DTYPE,
+                                        device=device) for s in shapes]
+            self.v_scale = [torch.zeros(*s[:2], scale_blocks(s[2]), dtype=SCALE_DTYPE,
+                                        device=device) for s in shapes]
 
     def buffers(self) -> list[torch.Tensor]:
         """Every buffer, values then scales, in a fixed order (pools of one kind match); fp8

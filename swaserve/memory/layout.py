@@ -14,6 +14,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from swaserve.memory.kv_quant import scale_blocks
+
 
 class LayerKind(enum.Enum):
     FULL = "full"
@@ -38,9 +40,10 @@ class LayerSpec:
             raise ValueError(f"window must be >= 1, got {self.window}")
 
     def kv_bytes_per_token(self, dtype_bytes: int, scale_bytes: int = 0) -> int:
-        """K and V of one token: `dtype_bytes` a value, `scale_bytes` a KV head beside them
-        when the KV is quantized (memory/kv_quant.py)."""
-        return 2 * self.num_kv_heads * (self.head_dim * dtype_bytes + scale_bytes)
+        """K and V of one token: `dtype_bytes` a value, and `scale_bytes` a scale when the KV
+        is quantized (memory/kv_quant.py: a scale per block of a head's values)."""
+        scales = scale_blocks(self.head_dim) * scale_bytes
+        return 2 * self.num_kv_heads * (self.head_dim * dtype_bytes + scales)
 
     @property
     def stores_kv(self) -> bool:

@@ -24,6 +24,7 @@ from swaserve.kernels.attention import (
     decode_attention_bf16,
     decode_attention_q8,
     prefill_attention_bf16,
+    prefill_attention_q8,
     prefill_preferred,
 )
 from swaserve.memory.kv_cache import KVCache
@@ -181,11 +182,16 @@ def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: K
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] % 16
             or not prefill_preferred()):
         return None  # before the gather below: SDPA would gather the keys again
-    if not view.fresh:
+    int8 = not view.fresh and pool.kv_format.values == torch.int8
+    if not view.fresh and not int8:
         k, v = pool.read(dense, partial(_gather, slots=view.key_slots[0]), q.dtype)
     mask = view.mask
     if mask is None and not view.causal:
-        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
+        keys = view.key_slots.shape[-1] if int8 else k.shape[0]
+        mask = torch.ones(q.shape[0], keys, dtype=torch.bool)
+    if int8:  # the int8 keys where the cache holds them, dequantized as they are packed
+        return prefill_attention_q8(q, pool.k[dense], pool.v[dense], pool.k_scale[dense],
+                                    pool.v_scale[dense], view.key_slots[0], mask, scale, sinks)
     return prefill_attention_bf16(q, k, v, mask, scale, sinks)
 
 

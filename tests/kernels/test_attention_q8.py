@@ -1,5 +1,6 @@
-"""The decode attention kernel over int8 caches (kernels/attention_q8.c): the exact softmax
-over the dequantized keys, each row independent of the others, and in an engine with
+"""The attention kernels over int8 caches (kernels/attention_q8.c, attention.c's prompt
+kernel): the exact softmax over the dequantized keys (a scale per block of 32 values, or
+one a head: d = 40), each row independent of the others, and in an engine with
 `kv_cache_dtype` int8 as close to the reference as SDPA on the dequantized keys."""
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def test_int8_kernel_turns_down_what_it_does_not_take():
     assert kernel.decode_attention_q8(q.float(), kq, vq, ks, vs, slots, mask, 1.0) is None
     assert kernel.decode_attention_q8(q, kq.float(), vq, ks, vs, slots, mask, 1.0) is None
     assert kernel.decode_attention_q8(q, kq, vq, ks.double(), vs, slots, mask, 1.0) is None
-    assert kernel.decode_attention_q8(q, kq, vq, ks[:, :, None], vs, slots, mask, 1.0) is None
+    assert kernel.decode_attention_q8(q, kq, vq, ks[..., 0], vs, slots, mask, 1.0) is None
+    assert kernel.decode_attention_q8(q, kq, vq, ks[..., :1].repeat(1, 1, 3).contiguous(),
+                                      vs, slots, mask, 1.0) is None  # 3 blocks do not divide 64
 
 
 def test_int8_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
@@ -87,3 +90,28 @@ def test_int8_decode_through_the_kernel_is_as_close_to_the_reference_as_sdpa(
         errors[name] = worst
     assert calls, "the decode steps did not reach the kernel"
     assert errors["kernel"] <= 1.25 * errors["sdpa"] + 1e-3, errors
+
+
+@pytest.mark.skipif(not kernel.prefill_available(),
+                    reason="no AVX-512 BF16 here: prompt chunks take torch's SDPA")
+@pytest.mark.parametrize("n,length,h,kvh,d,causal", [(37, 50, 8, 2, 64, False),
+                                                     (20, 20, 4, 1, 256, True),
+                                                     (5, 300, 6, 2, 32, False)])
+def test_int8_prompt_attention_is_the_bf16_kernel_on_torchs_dequantized_keys(
+        n, length, h, kvh, d, causal):
+    """The keys where the int8 cache holds them, dequantized while packed, give the bits of
+    the bf16 kernel on the keys memory/kv_quant.py dequantizes."""
+    g = torch.Generator().manual_seed(n + d)
+    pool = 400
+    k = torch.randn(pool, kvh, d, generator=g) * torch.rand(pool, kvh, 1, generator=g) * 4
+    v = torch.randn(pool, kvh, d, generator=g)
+    (kq, ks), (vq, vs) = quantize(k, INT8), quantize(v, INT8)
+    slots = torch.randperm(pool, generator=g)[:length]
+    q = (torch.randn(n, h, d, generator=g) * 2).to(torch.bfloat16)
+    mask = None if causal else torch.rand(n, length, generator=g) < 0.6
+    sinks = torch.linspace(-3, 2, h)
+    got = kernel.prefill_attention_q8(q, kq, vq, ks, vs, slots, mask, d ** -0.5, sinks)
+    want = kernel.prefill_attention_bf16(q, dequantize(kq[slots], ks[slots], torch.bfloat16),
+                                         dequantize(vq[slots], vs[slots], torch.bfloat16), mask,
+                                         d ** -0.5, sinks)
+    assert got is not None and torch.equal(got, want)

@@ -6,8 +6,8 @@ int8 stores `round(x / s)` in [-127, 127] with `s = max|x| / 127` over the block
 q8_0 layout, with a float32 scale); fp8_e4m3 stores `x / s` as torch.float8_e4m3fn with
 `s = max|x| / 448`: a scale keeps each block's largest value at e4m3's top and its small
 values out of the subnormals, where an unscaled cast would lose both. A block of zeros has
-scale 0 and reads back as zeros. Blocks of 32 rather than one scale a head: Gemma 3's keys
-reach 5 to 11 times their RMS in a head, and a head-wide step gave twice the error.
+scale 0 and reads back as zeros. Blocks rather than one scale a head: a head's few large
+values would set a step too coarse for the rest (benchmarks/README.md).
 
 `KVBuffers` is one pool's buffers in a format (full pool, window rings, window pages); every
 reader of a quantized pool sees `dequantize(values, scales)`, and the layer's own K/V of the
@@ -34,8 +34,8 @@ def scale_blocks(head_dim: int) -> int:
 
 @dataclass(frozen=True)
 class KVFormat:
-    """How a pool stores K and V: `values` dtype, and whether a scale per (slot, KV head)
-    sits beside them."""
+    """How a pool stores K and V: `values` dtype, and whether scales (per block of a slot's
+    KV head) sit beside them."""
 
     name: str
     values: torch.dtype

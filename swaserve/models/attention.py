@@ -62,8 +62,9 @@ class SDPABackend:
             pool, slots = self.cache.window, ctx.ring_slots
         k_store, v_store = k, v
         if pool.kv_format.quantized:  # the step's own K/V read back as the pool gives them
-            k_store, v_store = StoredKV.of(k, pool.kv_format), StoredKV.of(v, pool.kv_format)
-            k, v = k_store.dequantize(k.dtype), v_store.dequantize(v.dtype)
+            kv = StoredKV.of(torch.stack((k, v)), pool.kv_format)  # one call: half the ops
+            k_store, v_store = kv[0], kv[1]
+            k, v = kv.dequantize(k.dtype).unbind(0)
         if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
             pool.write(dense, slots, k_store, v_store)
         if kind is LayerKind.SLIDING and spec.stores_kv and ctx.window_write is not None:

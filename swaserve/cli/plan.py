@@ -8,11 +8,12 @@ import dataclasses
 import json
 
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
-from swaserve.config import DTYPE_BYTES, EngineConfig
+from swaserve.config import DTYPE_BYTES, TORCH_DTYPES, EngineConfig
+from swaserve.memory.kv_quant import kv_format
 from swaserve.memory.planner import compare_accounting, recurrent_history_bytes_per_token
 
 PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
-               "speculative", "num_draft_tokens", "tensor_parallel_size")
+               "kv_cache_dtype", "speculative", "num_draft_tokens", "tensor_parallel_size")
 
 
 def register(sub) -> None:
@@ -42,11 +43,12 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     budget = config.kv_memory_bytes
     dtype_bytes = DTYPE_BYTES[config.dtype]
 
-    def accounting(lay) -> dict:
-        acc = compare_accounting(lay, budget, DTYPE_BYTES[config.dtype], context=context,
+    def accounting(lay, kv_cache_dtype: str = config.kv_cache_dtype) -> dict:
+        fmt = kv_format(kv_cache_dtype, TORCH_DTYPES[config.dtype])
+        acc = compare_accounting(lay, budget, fmt.value_bytes, context=context,
                                  chunk_size=config.step_tokens, page_size=config.page_size,
                                  max_running_requests=config.max_running_requests,
-                                 swa_ratio=swa_ratio)
+                                 swa_ratio=swa_ratio, scale_bytes=fmt.scale_bytes)
         return {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                 for k, a in acc.items()}
 
@@ -67,6 +69,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
+        "kv_cache_dtype": kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype]).name,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    # layers that read another layer's KV and store none (Gemma 4)
@@ -87,6 +90,9 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
                                   for i in layout.compressed_layers]},
         "recurrent": recurrent,
         "accounting": accounting(layout),
+        # a quantized cache beside the compute dtype's, the same budget
+        "unquantized_accounting": (accounting(layout, "auto")
+                                   if config.kv_cache_dtype != "auto" else None),
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())
                                if layout.reusing_layers else None),
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"layers: {len(lay['full'])} full, {len(rec['layers'])} recurrent (Gated DeltaNet)")
     print(f"budget {rep['kv_memory_bytes'] / gib:.2f} GiB, context {rep['context']}, "
-          f"{rep['dtype']}")
+          f"{rep['dtype']}, KV cache {rep['kv_cache_dtype']}")
     if rec is not None:
         c, w = rec["conv_state"]
         h, dk, dv = rec["recurrent_state"]
@@ -136,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
             f"{len(v)} layers at rate {r} ({v[0][1]} B/token of entries, a ring of {v[0][0]} "
             f"raw tokens = {v[0][2]:,} B/request each)" for r, v in sorted(rates.items())))
     _table(rep["accounting"], rep["context"])
+    if rep["unquantized_accounting"] is not None:
+        print(f"with a {rep['dtype']} KV cache (--kv-cache-dtype auto):")
+        _table(rep["unquantized_accounting"], rep["context"])
     if rep["without_kv_sharing"] is not None:
         print("without KV sharing (every layer storing its own KV):")
         _table(rep["without_kv_sharing"], rep["context"])

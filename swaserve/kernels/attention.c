@@ -327,19 +327,48 @@ static inline __attribute__((always_inline)) void pa_tile(const pa_t *a, int64_t
     }
 }
 
+/* where a call's keys and values are: bf16 rows [L, KVH, D] (k8 NULL), or int8 pool rows
+ * [S, KVH, D] at slots[0..L) with their scales [S, KVH, nb], packed as bf16(scale * int8): the
+ * values torch's dequantization gives (memory/kv_quant.py), so both reads agree bit for bit */
+typedef struct {
+    const uint16_t *k, *v;
+    const int8_t *k8, *v8;
+    const float *ks, *vs;
+    const int64_t *slots;
+    int64_t nb;
+} pa_src_t;
+
+/* row `key` of head g as bf16 into dst[0..d) (zeros past L) */
+static inline void pa_row(const pa_src_t *src, int kind, int64_t key, int64_t l, int64_t kvh,
+                          int64_t d, int64_t g, uint16_t *dst) {
+    if (key >= l) {
+        for (int64_t c = 0; c < d; c++) dst[c] = 0;
+    } else if (!src->k8) {
+        const uint16_t *r = (kind ? src->v : src->k) + (key * kvh + g) * d;
+        for (int64_t c = 0; c < d; c++) dst[c] = r[c];
+    } else {
+        const int64_t at = src->slots[key] * kvh + g, bs = d / src->nb;
+        const int8_t *r = (kind ? src->v8 : src->k8) + at * d;
+        const float *f = (kind ? src->vs : src->ks) + at * src->nb;
+        for (int64_t c = 0; c < d; c++) dst[c] = f32_to_bf16((float)r[c] * f[c / bs]);
+    }
+}
+
 /* key block kb of head g: kt [pairs][16 keys][2 dims], v2 [8 key pairs][D][2 keys] (keys
  * past L as zeros) */
-static void pa_pack(const uint16_t *k, const uint16_t *v, int64_t l, int64_t kvh, int64_t d,
-                    int64_t g, int64_t kb, uint16_t *kt, uint16_t *v2) {
+static void pa_pack(const pa_src_t *src, int64_t l, int64_t kvh, int64_t d, int64_t g,
+                    int64_t kb, uint16_t *kt, uint16_t *v2) {
     const int64_t pairs = d / 2;
+    uint16_t kr[ATTN_MAX_DIM], vr[ATTN_MAX_DIM];
     for (int j = 0; j < PA_KEYS; j++) {
         const int64_t key = kb * PA_KEYS + j;
-        const uint16_t *kr = k + (key * kvh + g) * d, *vr = v + (key * kvh + g) * d;
+        pa_row(src, 0, key, l, kvh, d, g, kr);
+        pa_row(src, 1, key, l, kvh, d, g, vr);
         for (int64_t p = 0; p < pairs; p++) {
-            kt[(p * PA_KEYS + j) * 2] = key < l ? kr[2 * p] : 0;
-            kt[(p * PA_KEYS + j) * 2 + 1] = key < l ? kr[2 * p + 1] : 0;
+            kt[(p * PA_KEYS + j) * 2] = kr[2 * p];
+            kt[(p * PA_KEYS + j) * 2 + 1] = kr[2 * p + 1];
         }
-        for (int64_t c = 0; c < d; c++) v2[((j / 2) * d + c) * 2 + j % 2] = key < l ? vr[c] : 0;
+        for (int64_t c = 0; c < d; c++) v2[((j / 2) * d + c) * 2 + j % 2] = vr[c];
     }
 }
 
@@ -353,10 +382,9 @@ static void pa_pack(const uint16_t *k, const uint16_t *v, int64_t l, int64_t kvh
     case 11: pa_tile(a, g, t0, 11); break; default: pa_tile(a, g, t0, 12); break; \
     }
 
-int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                           const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
-                           int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
-                           int threads) {
+static int pa_run(const uint16_t *q, const pa_src_t *src, const uint8_t *mask,
+                  const float *sinks, uint16_t *out, int64_t n, int64_t l, int64_t h,
+                  int64_t kvh, int64_t d, float scale, int threads) {
     const int64_t grp = h / kvh;
     if (n < 1 || l < 1 || grp * kvh != h || d % 16 || d > ATTN_MAX_DIM || (!mask && l < n))
         return -1;
@@ -367,7 +395,7 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t job = 0; job < kvh * nkb; job++) {
         const int64_t g = job / nkb, kb = job % nkb;
-        pa_pack(k, v, l, kvh, d, g, kb, kt + (g * lpad + kb * PA_KEYS) * d,
+        pa_pack(src, l, kvh, d, g, kb, kt + (g * lpad + kb * PA_KEYS) * d,
                 v2 + (g * lpad + kb * PA_KEYS) * d);
     }
     const int64_t rows = n * grp, tiles = (rows + PA_ROWS - 1) / PA_ROWS;
@@ -384,6 +412,24 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
     free(kt);
     return 0;
 }
+
+int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                           const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                           int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
+                           int threads) {
+    const pa_src_t src = {k, v, NULL, NULL, NULL, NULL, NULL, 1};
+    return pa_run(q, &src, mask, sinks, out, n, l, h, kvh, d, scale, threads);
+}
+
+int prefill_attention_q8(const uint16_t *q, const int8_t *k, const int8_t *v,
+                         const float *k_scale, const float *v_scale, const int64_t *slots,
+                         const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                         int64_t l, int64_t h, int64_t kvh, int64_t d, int64_t nb, float scale,
+                         int threads) {
+    if (nb < 1 || d % nb) return -1;
+    const pa_src_t src = {NULL, NULL, k, v, k_scale, v_scale, slots, nb};
+    return pa_run(q, &src, mask, sinks, out, n, l, h, kvh, d, scale, threads);
+}
 #undef PA_TILE_CASES
 #else
 int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v,
@@ -393,5 +439,16 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
     (void)q; (void)k; (void)v; (void)mask; (void)sinks; (void)out; (void)n; (void)l; (void)h; (void)kvh;
     (void)d; (void)scale; (void)threads;
     return -2; /* no AVX-512 BF16 on this machine */
+}
+
+int prefill_attention_q8(const uint16_t *q, const int8_t *k, const int8_t *v,
+                         const float *k_scale, const float *v_scale, const int64_t *slots,
+                         const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                         int64_t l, int64_t h, int64_t kvh, int64_t d, int64_t nb, float scale,
+                         int threads) {
+    (void)q; (void)k; (void)v; (void)k_scale; (void)v_scale; (void)slots; (void)mask;
+    (void)sinks; (void)out; (void)n; (void)l; (void)h; (void)kvh; (void)d; (void)nb; (void)scale;
+    (void)threads;
+    return -2;
 }
 #endif

@@ -1,6 +1,6 @@
-"""Decode attention of bf16 queries over the bf16 caches in one C call (`attention.c`): the
-keys are read where the rings and pages hold them, instead of gathered into a padded copy
-for SDPA."""
+"""Decode attention of bf16 queries over the bf16 caches in one C call (`attention.c`), or
+over int8 caches and their scales (`attention_q8.c`): the keys are read where the rings and
+pages hold them, instead of gathered into a padded copy for SDPA."""
 
 from __future__ import annotations
 
@@ -45,6 +45,41 @@ def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.T
             None if mask is None else mask.data_ptr(),
             None if sinks is None else sinks.data_ptr(), out.data_ptr(),
             b, h, kvh, d, slots.shape[1], scale, torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def decode_attention_q8(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                        k_scale: torch.Tensor, v_scale: torch.Tensor, slots: torch.Tensor,
+                        mask: torch.Tensor | None, scale: float,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`decode_attention_bf16` over int8 pools [S, KVH, D] and their float32 scales [S, KVH,
+    blocks] (memory/kv_quant.py): bf16 queries and output; None where the kernel does not
+    run."""
+    b, h, d = q.shape
+    kvh = k_pool.shape[1]
+    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k_pool.dtype != torch.int8
+            or v_pool.dtype != torch.int8 or k_scale.dtype != torch.float32
+            or v_scale.dtype != torch.float32 or h % kvh or h // kvh > MAX_GROUP or d > MAX_DIM
+            or q.stride(2) != 1 or q.stride(1) != d or k_pool.shape != v_pool.shape
+            or k_pool.shape[2] != d or k_scale.dim() != 3 or k_scale.shape[:2] != k_pool.shape[:2]
+            or v_scale.shape != k_scale.shape or d % k_scale.shape[2]
+            or not all(t.is_contiguous() for t in (k_pool, v_pool, k_scale, v_scale))
+            or slots.dtype != torch.int64 or slots.dim() != 2):
+        return None
+    fn = build.function("attention_q8", "decode_attention_q8")
+    if fn is None:
+        return None
+    slots = slots.contiguous()
+    if mask is not None:
+        mask = mask.reshape(b, slots.shape[1]).contiguous().view(torch.uint8)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
+    out = torch.empty(b, h * d, dtype=torch.bfloat16)
+    rc = fn(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+            k_scale.data_ptr(), v_scale.data_ptr(), slots.data_ptr(),
+            None if mask is None else mask.data_ptr(),
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(),
+            b, h, kvh, d, k_scale.shape[2], slots.shape[1], scale, torch.get_num_threads())
     return out if rc == 0 else None
 
 
@@ -96,4 +131,38 @@ def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
             None if sinks is None else sinks.data_ptr(), out.data_ptr(), n, keys, h, kvh, d, scale,
             torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def prefill_attention_q8(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                         k_scale: torch.Tensor, v_scale: torch.Tensor, slots: torch.Tensor,
+                         mask: torch.Tensor | None, scale: float,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`prefill_attention_bf16` over the keys at `slots` [L] int64 of int8 pools [S, KVH, D]
+    and their float32 scales [S, KVH, blocks], each key read as bf16(scale * int8): the bits of the
+    kernel on torch's dequantized keys. None where the kernel does not run."""
+    n, h, d = q.shape
+    keys, kvh = slots.shape[0], k_pool.shape[1]
+    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k_pool.dtype != torch.int8
+            or v_pool.dtype != torch.int8 or k_pool.shape != v_pool.shape
+            or k_pool.shape[2] != d or h % kvh or k_scale.dtype != torch.float32
+            or v_scale.dtype != torch.float32 or k_scale.dim() != 3
+            or k_scale.shape[:2] != k_pool.shape[:2] or d % k_scale.shape[2]
+            or v_scale.shape != k_scale.shape or slots.dtype != torch.int64 or slots.dim() != 1
+            or not all(t.is_contiguous() for t in (k_pool, v_pool, k_scale, v_scale))
+            or (mask is None and keys < n)):
+        return None
+    fn = build.function("attention", "prefill_attention_q8")
+    if fn is None:
+        return None
+    q, slots = q.contiguous(), slots.contiguous()
+    if mask is not None:
+        mask = mask.reshape(n, keys).contiguous().view(torch.uint8)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
+    out = torch.empty(n, h * d, dtype=torch.bfloat16)
+    rc = fn(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), k_scale.data_ptr(),
+            v_scale.data_ptr(), slots.data_ptr(), None if mask is None else mask.data_ptr(),
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(), n, keys, h, kvh, d,
+            k_scale.shape[2], scale, torch.get_num_threads())
     return out if rc == 0 else None

@@ -73,6 +73,13 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
                           const uint16_t *v, const int64_t *slots, const uint8_t *mask,
                           const float *sinks, uint16_t *out, int64_t b, int64_t h,
                           int64_t kvh, int64_t d, int64_t l, float scale, int threads);
+/* attention_q8.c: the same over int8 caches, k and v [S, KVH, D] int8 and their scales
+   k_scale, v_scale [S, KVH, nb] float (value i of a head is scale[i / (D / nb)] * int8) */
+int decode_attention_q8(const uint16_t *q, int64_t q_stride, const int8_t *k, const int8_t *v,
+                        const float *k_scale, const float *v_scale, const int64_t *slots,
+                        const uint8_t *mask, const float *sinks, uint16_t *out, int64_t b,
+                        int64_t h, int64_t kvh, int64_t d, int64_t nb, int64_t l, float scale,
+                        int threads);
 /* attention.c: prompt attention (AVX-512 BF16): q [n, H, D], k and v [L, KVH, D], mask
    [n, L] bytes (1 = attend) or NULL (causal: query i sees keys 0 .. L - n + i), sinks [H]
    float or NULL, out [n, H, D]; all bf16. 0 on success, -1 for shapes not taken, -2
@@ -81,6 +88,13 @@ int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
                            const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
                            int64_t l, int64_t h, int64_t kvh, int64_t d, float scale,
                            int threads);
+/* attention.c: the same over the keys at slots[0..L) of int8 pools [S, KVH, D] and their
+   scales [S, KVH, nb] float, each widened to bf16(scale * int8) as torch dequantizes */
+int prefill_attention_q8(const uint16_t *q, const int8_t *k, const int8_t *v,
+                         const float *k_scale, const float *v_scale, const int64_t *slots,
+                         const uint8_t *mask, const float *sinks, uint16_t *out, int64_t n,
+                         int64_t l, int64_t h, int64_t kvh, int64_t d, int64_t nb, float scale,
+                         int threads);
 
 /* norm.c */
 void rms_norm_bf16(const uint16_t *x, const float *w, uint16_t *y, int64_t outer,

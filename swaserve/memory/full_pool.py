@@ -1,8 +1,9 @@
 """The paged full-attention KV pool, shared by all requests.
 
 Address scheme: slot `s = page * page_size + offset`; one K and one V buffer of
-`[num_pages * page_size, kv_heads, head_dim]` per full layer, indexed by the layer's dense
-full index (CacheLayout.dense_index). Pages are ref-counted so that several requests (and
+`[num_pages * page_size, kv_heads, head_dim]` per full layer (and their scales when the KV
+is quantized: memory/kv_quant.py), indexed by the layer's dense full index
+(CacheLayout.dense_index). Pages are ref-counted so that several requests (and
 later the prefix cache) can share them; a page returns to the free list at refcount 0.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from swaserve.memory.kv_quant import KVBuffers, KVFormat
 from swaserve.memory.layout import CacheLayout
 
 
@@ -55,30 +57,18 @@ class PageAllocator:
             raise AssertionError("full pool: a free page has a nonzero refcount")
 
 
-class FullKVPool:
+class FullKVPool(KVBuffers):
     def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 fmt: KVFormat, device: torch.device | str):
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages, page_size)
         num_slots = num_pages * page_size
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        for i in layout.full_layers:
-            spec = layout.layers[i]
-            shape = (num_slots, spec.num_kv_heads, spec.head_dim)
-            self.k.append(torch.zeros(shape, dtype=dtype, device=device))
-            self.v.append(torch.zeros(shape, dtype=dtype, device=device))
+        super().__init__([(num_slots, layout.layers[i].num_kv_heads, layout.layers[i].head_dim)
+                          for i in layout.full_layers], fmt, device)
 
     @property
     def num_tokens(self) -> int:
         return self.allocator.num_pages * self.page_size
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[dense_layer].index_copy_(0, slots, k)
-        self.v[dense_layer].index_copy_(0, slots, v)
 
     def check_integrity(self) -> None:
         self.allocator.check_integrity()

@@ -16,6 +16,7 @@ import torch
 
 from swaserve.memory.compress_pool import CompressPool
 from swaserve.memory.full_pool import FullKVPool
+from swaserve.memory.kv_quant import kv_format
 from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import MemoryPlan
 from swaserve.memory.prefix_cache import Match, PrefixCache, WindowPagePool
@@ -33,13 +34,15 @@ class KVLost(RuntimeError):
 class KVCache:
     def __init__(self, layout: CacheLayout, plan: MemoryPlan, max_model_len: int,
                  dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False,
-                 kv_device: torch.device | str | None = None):
+                 kv_device: torch.device | str | None = None, kv_cache_dtype: str = "auto"):
         """`kv_device`: where the K/V data lives, when not beside the index tables on
         `device`; "meta" when another array backend holds it (swaserve/mlx/cache.py): the
-        pools then keep their shapes and byte counts, and `copy_log` their data moves."""
+        pools then keep their shapes and byte counts, and `copy_log` their data moves.
+        `kv_cache_dtype`: how every pool stores K/V (memory/kv_quant.py)."""
         kv_device = kv_device or device
         self.layout = layout
         self.dtype = dtype
+        self.kv_format = kv_format(kv_cache_dtype, dtype)
         self.plan = plan
         self.page_size = plan.page_size
         self.device = device
@@ -48,9 +51,11 @@ class KVCache:
         self.full: FullKVPool | None = None
         self.window: WindowPool | None = None
         if layout.paged:  # full layers' KV, or only compressed entries (DeepSeek-V4)
-            self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, dtype, kv_device)
+            self.full = FullKVPool(layout, plan.full_pool_pages, plan.page_size, self.kv_format,
+                                   kv_device)
         if layout.sliding_layers:
-            self.window = WindowPool(layout, plan.num_rows, plan.ring, dtype, device, kv_device)
+            self.window = WindowPool(layout, plan.num_rows, plan.ring, self.kv_format, device,
+                                     kv_device)
             self.rows.register_on_alloc_rows(self.window.reset_rows)
         self.state: StatePool | None = None
         if layout.recurrent_layers:
@@ -67,7 +72,7 @@ class KVCache:
         if prefix_cache:
             if layout.sliding_layers and plan.window_cache_pages:
                 self.window_pages = WindowPagePool(layout, plan.window_cache_pages, plan.page_size,
-                                                   dtype, kv_device)
+                                                   self.kv_format, kv_device)
                 if self.compress is not None:  # cached tokens' compress state beside them
                     longest = max(layout.layers[i].compress.needed
                                   for i in layout.compressed_layers)
@@ -354,7 +359,8 @@ class KVCache:
     def copy_kv(self, dst_pool: str, dst: torch.Tensor, src_pool: str, src: torch.Tensor,
                 log: bool = True) -> None:
         """KV at slots `src` of one pool ("full", "ring", "window_pages") into slots `dst`
-        of another, in every layer of their kind (logged when copy_log is on)."""
+        of another, in every layer of their kind, values and scales alike (logged when
+        copy_log is on)."""
         for d, s in zip(self._kv_buffers(dst_pool), self._kv_buffers(src_pool)):
             d[dst] = s[src]
         if self.compress is not None and dst_pool == src_pool == "full":
@@ -378,7 +384,7 @@ class KVCache:
         if pool == "state":  # slots of every recurrent layer's conv and ssm buffers
             return self.state.buffers
         p = {"full": self.full, "ring": self.window, "window_pages": self.window_pages}[pool]
-        return p.k + p.v
+        return p.buffers()
 
     def cache_tokens(self, row: int, tokens: list[int]):
         """Insert the whole pages of `tokens` (all computed by `row`) into the prefix tree,

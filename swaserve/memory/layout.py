@@ -19,6 +19,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from swaserve.memory.kv_quant import scale_blocks
+
 
 @dataclass(frozen=True)
 class CompressSpec:
@@ -101,10 +103,15 @@ class LayerSpec:
         if recurrent and self.kv_source is not None:
             raise ValueError("a recurrent layer keeps its own state")
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+    def kv_bytes_per_token(self, dtype_bytes: int, scale_bytes: int = 0) -> int:
+        """K and V of one token (K alone for a K = V layer): `dtype_bytes` a value, and
+        `scale_bytes` a scale when the KV is quantized (memory/kv_quant.py: a scale per
+        block of a head's values). A recurrent layer stores no KV."""
         if self.kind is LayerKind.RECURRENT:
             return 0
-        return (1 if self.kv_shared else 2) * self.num_kv_heads * self.head_dim * dtype_bytes
+        scales = scale_blocks(self.head_dim) * scale_bytes
+        return (1 if self.kv_shared else 2) * self.num_kv_heads * (
+            self.head_dim * dtype_bytes + scales)
 
     def state_bytes(self, dtype_bytes: int) -> int:
         """Bytes of per-request state beside the KV: `fixed_state_bytes`, and a recurrent

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.config import DTYPE_BYTES, EngineConfig, parse_bytes
+from swaserve.config import TORCH_DTYPES, EngineConfig, parse_bytes
 from swaserve.memory.compress_pool import (
     compress_bytes_per_token,
     compress_page_bytes_per_token,
     compress_row_bytes,
 )
+from swaserve.memory.kv_quant import kv_format
 from swaserve.memory.layout import CacheLayout
 
 MAX_DEFAULT_ROWS = 256
@@ -79,17 +80,20 @@ class MemoryPlan:
                 + f"; uses {self.used_bytes / gib:.3f} GiB")
 
 
-def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int, scale_bytes: int = 0) -> int:
     """KV bytes a token costs in the full layers that store it (each at its own shape; a
-    layer that reuses another's KV costs nothing), and in compressed entries (DeepSeek-V4's,
-    paged with the full pool's pages at one per `rate` tokens)."""
-    return (sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.full_layers)
+    layer that reuses another's KV costs nothing), in compressed entries (DeepSeek-V4's,
+    paged with the full pool's pages at one per `rate` tokens); `scale_bytes` per KV head
+    when quantized."""
+    return (sum(layout.layers[i].kv_bytes_per_token(dtype_bytes, scale_bytes)
+                for i in layout.full_layers)
             + compress_bytes_per_token(layout, dtype_bytes))
 
 
-def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
+def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int, scale_bytes: int = 0) -> int:
     """The same over the sliding layers that store KV."""
-    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes) for i in layout.sliding_layers)
+    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes, scale_bytes)
+               for i in layout.sliding_layers)
 
 
 def recurrent_history_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -105,7 +109,7 @@ def recurrent_history_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> 
 
 
 def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
-                        max_model_len: int = 0) -> int:
+                        max_model_len: int = 0, scale_bytes: int = 0) -> int:
     """What one request row prepays: its rings, the ring slots' recorded positions (int64,
     shared by all sliding layers), per-request layer state (a recurrent layer's conv window
     and matrices), (with `max_model_len`) its req-to-token row of int64 full-pool slots, and
@@ -114,19 +118,21 @@ def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
     state += compress_row_bytes(layout, dtype_bytes)
     positions = 8 * ring if ring else 0
     table = 8 * max_model_len if layout.paged else 0
-    return ring * sliding_bytes_per_token(layout, dtype_bytes) + state + positions + table
+    return (ring * sliding_bytes_per_token(layout, dtype_bytes, scale_bytes) + state + positions
+            + table)
 
 
 def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
                 page_size: int, max_model_len: int, max_running_requests: int | None = None,
                 window_cache_bytes: int = 0, draft_state_slots: int = 0,
-                state_cache_bytes: int = 0) -> MemoryPlan:
+                state_cache_bytes: int = 0, scale_bytes: int = 0) -> MemoryPlan:
     """Size the pools for `budget_bytes`, of which `window_cache_bytes` go to the prefix
     cache's window pages and `state_cache_bytes` to its state checkpoints; a model with
-    recurrent layers also keeps `draft_state_slots` snapshots for speculative steps. Raises
-    ValueError when the budget cannot hold one request row plus one page of full KV."""
+    recurrent layers also keeps `draft_state_slots` snapshots for speculative steps. K/V
+    cost `dtype_bytes` a value and, quantized, `scale_bytes` a KV head. Raises ValueError
+    when the budget cannot hold one request row plus one page of full KV."""
     # a window page holds its tokens' sliding KV and, for compressed layers, their raw state
-    swa_bpt = (sliding_bytes_per_token(layout, dtype_bytes)
+    swa_bpt = (sliding_bytes_per_token(layout, dtype_bytes, scale_bytes)
                + compress_page_bytes_per_token(layout, dtype_bytes))
     window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
     slot = layout.state_bytes_per_row(dtype_bytes)
@@ -135,8 +141,8 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     budget_all = budget_bytes
     budget_bytes -= window_pages * swa_bpt * page_size + (drafts + checkpoints) * slot
     ring = layout.ring_size(chunk_size, page_size)
-    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len)
-    per_token = full_bytes_per_token(layout, dtype_bytes)
+    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len, scale_bytes)
+    per_token = full_bytes_per_token(layout, dtype_bytes, scale_bytes)
     page_bytes = per_token * page_size
     if max_running_requests is None:
         # Give each row its ring plus a ring's worth of full-pool tokens on average.
@@ -179,15 +185,15 @@ class Accounting:
 def compare_accounting(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *,
                        context: int, chunk_size: int, page_size: int,
                        max_running_requests: int | None = None,
-                       swa_ratio: float = 0.8) -> dict[str, Accounting]:
+                       swa_ratio: float = 0.8, scale_bytes: int = 0) -> dict[str, Accounting]:
     """Capacity of one budget under ring accounting, token-scaled accounting (a shared SWA
     token pool sized `swa_ratio` x the full pool, as SGLang's swa_full_tokens_ratio does) and
     full-history storage, for requests of `context` tokens."""
-    full_bpt = full_bytes_per_token(layout, dtype_bytes)
-    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes)
+    full_bpt = full_bytes_per_token(layout, dtype_bytes, scale_bytes)
+    swa_bpt = sliding_bytes_per_token(layout, dtype_bytes, scale_bytes)
     rec_bpt = recurrent_history_bytes_per_token(layout, dtype_bytes)
     ring = layout.ring_size(chunk_size, page_size)
-    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes)
+    fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, scale_bytes=scale_bytes)
     ctx_tokens = -(-context // page_size) * page_size
     cap = max_running_requests
 
@@ -232,7 +238,8 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
     """Pool sizes for the KV budget: `kv_memory`, else `mem_fraction` of free memory (less
     `pending_bytes`, what the model will still allocate: `CausalLM.pending_bytes`), else
     1 GiB; the prefix cache's window pages take `window_cache_memory` (a fifth) of it, its
-    state checkpoints `state_cache_memory` (a fifth)."""
+    state checkpoints `state_cache_memory` (a fifth). K/V cost what `kv_cache_dtype` stores:
+    values and their scales."""
     budget = config.kv_memory_bytes
     if budget is None and config.mem_fraction is not None:
         free = max(_free_memory_bytes(device) - pending_bytes, 0)
@@ -246,13 +253,18 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
     if prefix_cache and layout.recurrent_layers:
         state_cache = (parse_bytes(config.state_cache_memory) if config.state_cache_memory
                        else budget // 5)
-    return plan_memory(layout, budget, DTYPE_BYTES[config.dtype],
+    if config.kv_cache_dtype != "auto" and (layout.recurrent_layers or layout.compressed_layers):
+        # their state is planned in the model dtype, which a quantized format's bytes are not
+        raise ValueError("kv_cache_dtype: a quantized KV cache is not available for models "
+                         "with recurrent or compressed-attention layers (Qwen3.5, DeepSeek-V4)")
+    fmt = kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype])
+    return plan_memory(layout, budget, fmt.value_bytes,
                        chunk_size=config.step_tokens, page_size=config.page_size,
                        max_model_len=max_model_len,
                        max_running_requests=config.max_running_requests,
                        window_cache_bytes=window_cache,
                        draft_state_slots=config.draft_state_slots,
-                       state_cache_bytes=state_cache)
+                       state_cache_bytes=state_cache, scale_bytes=fmt.scale_bytes)
 
 
 def _free_memory_bytes(device: torch.device) -> int:

@@ -32,7 +32,8 @@ when it is full, the least recently used checkpoint of an unlocked node is dropp
 node keeps its pages), never one on a path a running request holds.
 
 Address scheme: window page `w` holds positions of one full page at slots
-`w * page_size + offset` of one buffer per sliding layer (dense sliding index).
+`w * page_size + offset` of one buffer per sliding layer (dense sliding index), in the
+rings' KV format (memory/kv_quant.py): a restore copies the same stored bytes and scales.
 """
 
 from __future__ import annotations
@@ -44,28 +45,19 @@ from dataclasses import dataclass, field
 import torch
 
 from swaserve.memory.full_pool import PageAllocator
+from swaserve.memory.kv_quant import KVBuffers, KVFormat
 from swaserve.memory.layout import CacheLayout
 
 
-class WindowPagePool:
+class WindowPagePool(KVBuffers):
     def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 fmt: KVFormat, device: torch.device | str):
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages, page_size)
-        shape = lambda i: (num_pages * page_size, layout.layers[i].num_kv_heads,  # noqa: E731
-                           layout.layers[i].head_dim)
-        self.k = [torch.zeros(shape(i), dtype=dtype, device=device) for i in layout.sliding_layers]
         # K = V layers (DeepSeek-V4) keep one buffer, as their rings do
-        self.v = [k if layout.layers[i].kv_shared else torch.zeros_like(k)
-                  for i, k in zip(layout.sliding_layers, self.k)]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size()
-                   for t in self.k + [v for v, k in zip(self.v, self.k) if v is not k])
-
-    def write(self, dense_layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[dense_layer].index_copy_(0, slots, k)
-        self.v[dense_layer].index_copy_(0, slots, v)
+        super().__init__([(num_pages * page_size, layout.layers[i].num_kv_heads,
+                           layout.layers[i].head_dim) for i in layout.sliding_layers],
+                         fmt, device, [layout.layers[i].kv_shared for i in layout.sliding_layers])
 
 
 @dataclass(eq=False)

@@ -13,6 +13,7 @@ runs its tiles of queries over the key blocks its mask leaves.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -21,10 +22,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from swaserve.kernels.attention import (
     decode_attention_bf16,
+    decode_attention_q8,
     prefill_attention_bf16,
+    prefill_attention_q8,
     prefill_preferred,
 )
 from swaserve.memory.kv_cache import KVCache
+from swaserve.memory.kv_quant import KVBuffers, StoredKV
 from swaserve.memory.layout import LayerKind
 from swaserve.models.context import ForwardContext, KeyView
 from swaserve.profile import timed
@@ -56,26 +60,30 @@ class SDPABackend:
             pool, slots = self.cache.full, ctx.full_slots
         else:
             pool, slots = self.cache.window, ctx.ring_slots
+        k_store, v_store = k, v
+        if pool.kv_format.quantized:  # the step's own K/V read back as the pool gives them
+            kv = StoredKV.of(torch.stack((k, v)), pool.kv_format)  # one call: half the ops
+            k_store, v_store = kv[0], kv[1]
+            k, v = kv.dequantize(k.dtype).unbind(0)
         if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
-            pool.write(dense, slots, k, v)
+            pool.write(dense, slots, k_store, v_store)
         if kind is LayerKind.SLIDING and spec.stores_kv and ctx.window_write is not None:
             idx, wslots = ctx.window_write
-            self.cache.window_pages.write(dense, wslots, k[idx], v[idx])
-        k_buf, v_buf = pool.k[dense], pool.v[dense]
+            self.cache.window_pages.write(dense, wslots, k_store[idx], v_store[idx])
         num_heads, head_dim = q.shape[1], q.shape[2]
         gqa = num_heads != k.shape[1]
         outs = []
         for g in ctx.groups:
             view = g.full if kind is LayerKind.FULL else g.sliding
             if g.num_queries == 1 and not view.fresh:
-                o = decode_attention_bf16(q[g.start:g.end], k_buf, v_buf, view.key_slots,
-                                          view.mask, scale, sinks)
+                o = decode_attention(q[g.start:g.end], pool, dense, view.key_slots,
+                                     view.mask, scale, sinks)
                 if o is not None:
                     outs.append(o)
                     continue
             if g.batch == 1 and g.num_queries > 1:
                 o = _prompt_attention(q[g.start:g.end], k[g.start:g.end], v[g.start:g.end],
-                                      k_buf, v_buf, view, scale, sinks)
+                                      pool, dense, view, scale, sinks)
                 if o is not None:
                     outs.append(o)
                     continue
@@ -84,17 +92,17 @@ class SDPABackend:
                 kg = k[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
                 vg = v[g.start:g.end].view(g.batch, g.num_queries, -1, head_dim).transpose(1, 2)
             elif view.ring_rows is not None:  # whole ring blocks: copy rows, not elements
-                ring = k_buf.shape[0] // self.cache.window.num_rows
+                ring = self.cache.window.ring
                 width = view.key_slots.shape[-1]
-                kv = [b.view(-1, ring, *b.shape[1:])[:, :width] for b in (k_buf, v_buf)]
-                if view.first_row is not None:  # consecutive rows: a strided view, no copy
-                    kg, vg = (t[view.first_row:view.first_row + g.batch] for t in kv)
-                else:
-                    kg, vg = (t.index_select(0, view.ring_rows) for t in kv)
+                # consecutive rows: a strided view, no copy
+                rows = (slice(view.first_row, view.first_row + g.batch)
+                        if view.first_row is not None else view.ring_rows)
+                kg, vg = pool.read(dense, partial(_ring_blocks, ring=ring, width=width, rows=rows),
+                                   q.dtype)
                 kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
             else:
-                kg = k_buf[view.key_slots].transpose(1, 2)
-                vg = v_buf[view.key_slots].transpose(1, 2)
+                kg, vg = pool.read(dense, partial(_gather, slots=view.key_slots), q.dtype)
+                kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
             window = self.layout.layers[layer].window
             with _invariant_kernel(ctx, q):
                 # fresh keys under a mask: the runner's one-shot chunk past the window
@@ -104,6 +112,32 @@ class SDPABackend:
                     o = attend(qg, kg, vg, view, sinks, scale, gqa)
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return buf[slots]
+
+
+def _ring_blocks(buf: torch.Tensor, ring: int, width: int,
+                 rows: slice | torch.Tensor) -> torch.Tensor:
+    """The first `width` slots of the rings of `rows` (a slice: a view; else a copy)."""
+    blocks = buf.view(-1, ring, *buf.shape[1:])
+    if isinstance(rows, slice):
+        return blocks[rows, :width]
+    return blocks[:, :width].index_select(0, rows)
+
+
+def decode_attention(q: torch.Tensor, pool: KVBuffers, dense: int, slots: torch.Tensor,
+                     mask: torch.Tensor | None, scale: float,
+                     sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """One query per sequence through the C decode kernel over the pool's buffers as they
+    are stored; None where no kernel takes them (SDPA then runs)."""
+    if not pool.kv_format.quantized:
+        return decode_attention_bf16(q, pool.k[dense], pool.v[dense], slots, mask, scale, sinks)
+    if pool.kv_format.values == torch.int8:
+        return decode_attention_q8(q, pool.k[dense], pool.v[dense], pool.k_scale[dense],
+                                   pool.v_scale[dense], slots, mask, scale, sinks)
+    return None  # fp8: no kernel, SDPA on the dequantized keys
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, sinks: torch.Tensor | None,
@@ -140,8 +174,8 @@ def _banded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, view, window: int
     return torch.cat(outs, dim=2)
 
 
-def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
-                      v_buf: torch.Tensor, view, scale: float,
+def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVBuffers,
+                      dense: int, view, scale: float,
                       sinks: torch.Tensor | None) -> torch.Tensor | None:
     """One sequence's prompt chunk through the C kernel (bf16, AVX-512 BF16, no AMX): its
     own new keys (fresh) or those at its key slots, under its mask; None where it does not
@@ -149,11 +183,16 @@ def _prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: 
     if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or q.shape[-1] % 16
             or not prefill_preferred()):
         return None  # before the gather below: SDPA would gather the keys again
-    if not view.fresh:
-        k, v = k_buf[view.key_slots[0]], v_buf[view.key_slots[0]]
+    int8 = not view.fresh and pool.kv_format.values == torch.int8
+    if not view.fresh and not int8:
+        k, v = pool.read(dense, partial(_gather, slots=view.key_slots[0]), q.dtype)
     mask = view.mask
     if mask is None and not view.causal:
-        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
+        keys = view.key_slots.shape[-1] if int8 else k.shape[0]
+        mask = torch.ones(q.shape[0], keys, dtype=torch.bool)
+    if int8:  # the int8 keys where the cache holds them, dequantized as they are packed
+        return prefill_attention_q8(q, pool.k[dense], pool.v[dense], pool.k_scale[dense],
+                                    pool.v_scale[dense], view.key_slots[0], mask, scale, sinks)
     return prefill_attention_bf16(q, k, v, mask, scale, sinks)
 
 

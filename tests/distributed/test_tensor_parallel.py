@@ -96,6 +96,27 @@ def test_a_prefix_hit_and_forks_replay_on_every_rank(pair_4kv):
     assert two.cache.prefix.hit_tokens > hits
 
 
+def test_an_int8_kv_cache_splits_with_its_heads_and_replays_its_scales(gemma_4kv):
+    """Each rank quantizes its own KV heads and replays rank 0's copies of values and
+    scales: a prefix hit and forks give one rank's tokens, and its logits but where a
+    split product's float32 round-off tips a value's rounding to the next int8 step."""
+    one, two = (_engine(gemma_4kv, tp, kv_cache_dtype="int8") for tp in (1, 2))
+    try:
+        base = random_prompt(3 * W, seed=7)
+        params = SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=12, ignore_eos=True)
+        for eng in (one, two):
+            _run(eng, [base + [3]], params)
+        prompts = [base + [4, 5], random_prompt(3 * W + 5, seed=1)]
+        (t1, l1), (t2, l2) = _run(one, prompts, params), _run(two, prompts, params)
+        assert t1 == t2
+        for a, b in zip(l1, l2):
+            assert [p for p, _ in a] == [p for p, _ in b]
+            assert max((x - y).abs().max().item() for (_, x), (_, y) in zip(a, b)) < 1e-3
+        assert two.cache.prefix.hit_tokens > 0 and two.cache.full.k[0].dtype == torch.int8
+    finally:
+        two.close()
+
+
 def test_one_kv_head_is_replicated(gemma_1kv):
     assert local_config(_cfg(gemma_1kv), 2).num_kv_heads == 1
     _same_as_one_rank(gemma_1kv, [random_prompt(2 * W + 3, seed=4), random_prompt(9, seed=5)],

@@ -64,13 +64,15 @@ def test_prompts_are_chunked_at_fixed_positions_and_decodes_never_wait(tiny_hybr
         assert steps == list(range(steps[0], steps[0] + len(steps)))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_alone_and_in_a_crowd_bitwise(tiny_hybrid, dtype):
+@pytest.mark.parametrize("dtype,kv", [("bfloat16", "auto"), ("float32", "auto"),
+                                      ("bfloat16", "int8"), ("float32", "fp8_e4m3")])
+def test_alone_and_in_a_crowd_bitwise(tiny_hybrid, dtype, kv):
     """float32 too: its attention takes SDPA's math kernel in this mode (torch's float32
-    flash kernel gives different bits on different threads on some CPUs)."""
+    flash kernel gives different bits on different threads on some CPUs). A quantized KV
+    cache quantizes each token's heads on their own, so it keeps the contract."""
     path, _ = tiny_hybrid
     llm = LLM(path, dtype=dtype, device=TEST_DEVICE, batch_invariant=True, chunk_size=16,
-              max_running_requests=40)
+              max_running_requests=40, kv_cache_dtype=kv)
     eng = llm.engine
     probe = random_prompt(37, 99)
     p = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)

@@ -43,14 +43,19 @@ class ScriptedDrafts:
 
 def kv_of(eng, req) -> dict[tuple[str, int, int], torch.Tensor]:
     """(kind, layer, position) -> [K|V] of what a row holds: every full-pool position it has
-    computed, the ring's positions inside the window, and its window-page positions."""
+    computed, the ring's positions inside the window, and its window-page positions (as
+    the pools give them back: a quantized cache's values and scales)."""
     cache, row, n = eng.cache, req.row, req.num_computed_tokens
     out = {}
+
+    def kv(pool, d, slot):
+        return torch.cat(pool.read(d, lambda b: b[slot], torch.float32))
+
     if cache.full is not None:
-        for d, (k, v) in enumerate(zip(cache.full.k, cache.full.v)):
+        for d in range(len(cache.full.k)):
             slots = cache.rows.req_to_token[row, :n]
             for p in range(n):
-                out[("full", d, p)] = torch.cat([k[slots[p]], v[slots[p]]])
+                out[("full", d, p)] = kv(cache.full, d, slots[p])
     if cache.window is not None:
         ring = cache.window.ring
         held = cache.window.positions[row * ring:(row + 1) * ring]
@@ -58,25 +63,27 @@ def kv_of(eng, req) -> dict[tuple[str, int, int], torch.Tensor]:
         for p in range(max(0, n - W), n):
             slot = row * ring + p % ring
             assert int(cache.window.positions[slot]) == p
-            for d, (k, v) in enumerate(zip(cache.window.k, cache.window.v)):
-                out[("ring", d, p)] = torch.cat([k[slot], v[slot]])
+            for d in range(len(cache.window.k)):
+                out[("ring", d, p)] = kv(cache.window, d, slot)
     if cache.window_pages is not None:
         pages, ps = cache.row_window_pages[row], cache.page_size
         for p in range(n):
             w = pages[p // ps] if p // ps < len(pages) else None
             if w is not None:
-                for d, (k, v) in enumerate(zip(cache.window_pages.k, cache.window_pages.v)):
-                    out[("page", d, p)] = torch.cat([k[w * ps + p % ps], v[w * ps + p % ps]])
+                for d in range(len(cache.window_pages.k)):
+                    out[("page", d, p)] = kv(cache.window_pages, d, w * ps + p % ps)
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cache_after_random_accepts_and_rejects_is_the_non_speculative_cache(tiny_hybrid, seed):
+@pytest.mark.parametrize("seed,kv", [(0, "auto"), (1, "auto"), (2, "auto"), (0, "int8"),
+                                     (1, "fp8_e4m3")])
+def test_cache_after_random_accepts_and_rejects_is_the_non_speculative_cache(tiny_hybrid, seed,
+                                                                              kv):
     path = tiny_hybrid[0]
     prompts = [random_prompt(3 * W + 3 + 5 * i, 10 + i) for i in range(3)]
     params = SamplingParams(temperature=0.8, seed=seed, max_tokens=3 * W + 4, ignore_eos=True)
     # the reference: no drafts; the KV of each position as each step leaves it
-    ref_eng = tiny_engine(path)
+    ref_eng = tiny_engine(path, kv_cache_dtype=kv)
     reqs = [ref_eng.add_request(p, params)[0] for p in prompts]
     ref_kv: dict[str, dict] = {r.request_id: {} for r in reqs}
     while ref_eng.has_unfinished():
@@ -86,7 +93,7 @@ def test_cache_after_random_accepts_and_rejects_is_the_non_speculative_cache(tin
                 ref_kv[r.request_id].update(kv_of(ref_eng, r))
     reference = {r.request_id: r.output_token_ids for r in reqs}
 
-    eng = spec_engine(path, speculative="ngram")
+    eng = spec_engine(path, speculative="ngram", kv_cache_dtype=kv)
     scripted = ScriptedDrafts(eng.speculator, reference, seed)
     reqs = [eng.add_request(p, params)[0] for p in prompts]
     checked = rejected = 0

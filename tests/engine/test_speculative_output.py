@@ -86,6 +86,19 @@ def test_output_is_the_non_speculative_output(request, model, kw):
     assert stats.accepted > 0
 
 
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+def test_a_quantized_kv_cache_keeps_the_output(tiny_hybrid, kv):
+    path = tiny_hybrid[0]
+    work = workload(128, structured=False)
+    work.append((work[0][0] + [9, 9, 4], SamplingParams(temperature=0, max_tokens=20)))
+    off, _, _ = run(path, None, work, kv_cache_dtype=kv)
+    for kw in ({}, {"chunk_size": 16, "kv_memory": "160KiB", "max_running_requests": 5,
+                    "page_size": 8}):
+        on, stats, _ = run(path, "ngram", work, kv_cache_dtype=kv, **kw)
+        assert_same(off, on)
+        assert stats.accepted > 0
+
+
 def test_stops_grammars_and_text_are_the_non_speculative_ones(tiny_with_tokenizer):
     work = workload(300, structured=True)
     off, _, _ = run(tiny_with_tokenizer, None, work)

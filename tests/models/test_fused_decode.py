@@ -149,3 +149,13 @@ def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybri
     (a1, a2, la), (b1, b2, lb) = runs
     assert a1 == b1 and a2 == b2 and len(la) == len(lb) == 6 * W
     assert all(torch.equal(x, y) for x, y in zip(la, lb))
+
+
+def test_a_quantized_kv_cache_decodes_layer_by_layer(tiny_hybrid):
+    """The fused call reads bf16 caches only: with kv_cache_dtype int8 it declines every
+    step and the layers run one by one, with the bits they have without it."""
+    eng = bf16_engine_with_int8_weights(tiny_hybrid[0], kv_cache_dtype="int8")
+    prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(3)]
+    fused, plain, steps = decode_runs(eng, prompts, 2 * W)
+    assert steps == 0
+    assert_same_bits(fused, plain, 2 * W)

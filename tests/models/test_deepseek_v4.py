@@ -319,3 +319,8 @@ def test_plan_of_a_v4_flash_shaped_config(tmp_path):
     assert acc["ring"]["fixed_bytes_per_request"] == rings
     ratio = acc["ring"]["full_pool_tokens"] / acc["token_scaled"]["full_pool_tokens"]
     assert 1.95 < ratio < 2.05
+
+
+def test_a_quantized_kv_cache_is_refused(dsv4):
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        engine(dsv4[0], kv_cache_dtype="int8")

@@ -522,3 +522,9 @@ def test_batch_invariant_gives_a_request_the_same_bits_alone_and_in_a_batch(dens
         (alone, alone_logs), = run(tiny_engine(path, **kw), [p], params)
         assert tokens == alone
         assert all(torch.equal(a, b) for a, b in zip(logs, alone_logs))
+
+
+def test_a_quantized_kv_cache_is_refused(dense):
+    """The state pool is planned in the model dtype: int8/fp8 KV is refused by name."""
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        engine(dense[0], kv_cache_dtype="int8")

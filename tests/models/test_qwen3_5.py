@@ -522,3 +522,11 @@ def test_batch_invariant_gives_a_request_the_same_bits_alone_and_in_a_batch(dens
         (alone, alone_logs), = run(tiny_engine(path, **kw), [p], params)
         assert tokens == alone
         assert all(torch.equal(a, b) for a, b in zip(logs, alone_logs))
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_a_gguf_of_the_family_is_refused_by_its_architecture(arch):
+    from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
+
+    with pytest.raises(ValueError, match=f"GGUF architecture '{arch}' is not supported"):
+        gguf_metadata_to_hf({"general.architecture": arch})

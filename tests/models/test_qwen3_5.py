@@ -17,7 +17,14 @@ import torch
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
-from tests.conftest import drive, hf_logits, random_prompt, run_logging_logits, tiny_engine
+from tests.conftest import (
+    TEST_DEVICE,
+    drive,
+    hf_logits,
+    random_prompt,
+    run_logging_logits,
+    tiny_engine,
+)
 from tests.helpers.checkpoints import write_tiny_qwen3_5
 
 TOL = 1e-4
@@ -524,6 +531,61 @@ def test_batch_invariant_gives_a_request_the_same_bits_alone_and_in_a_batch(dens
         assert all(torch.equal(a, b) for a, b in zip(logs, alone_logs))
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_a_gguf_of_the_family_is_refused_by_its_architecture(arch):
+    from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
+
+    with pytest.raises(ValueError, match=f"GGUF architecture '{arch}' is not supported"):
+        gguf_metadata_to_hf({"general.architecture": arch})
+
+
+def test_overlap_scheduling_gives_the_tokens_of_plain_steps(dense):
+    """Overlap on (a step scheduled while the previous computes, decodes chained on its
+    device tokens): with the prefix cache taking checkpoints every 8 tokens through decode,
+    n = 2 forks, drafts and a repeated prompt that hits, every request's tokens are those
+    of plain steps."""
+    path, _ = dense
+    prompts = [random_prompt(30, seed=50), random_prompt(21, seed=51), random_prompt(30, seed=50)]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+
+    def go(**kw):
+        eng = tiny_engine(path, chunk_size=8, state_checkpoint_interval=8, **kw)
+        if eng.speculator is not None:
+            eng.speculator.gate.allow = lambda n: True
+        out = []
+        for p, sp in zip(prompts, params):
+            reqs = eng.add_request(p, sp)
+            drive(eng, check_integrity=True)
+            out.append([r.output_token_ids for r in reqs])
+        assert eng.cache.prefix.hit_tokens > 0
+        eng.check_integrity()
+        return out
+    plain = go(overlap=False)
+    assert go(overlap=True) == plain
+    assert go(overlap=True, speculative="ngram") == plain
+
+
+def test_a_grammar_in_a_ragged_batch_is_what_it_is_alone(tmp_path):
+    import re
+
+    from swaserve import LLM
+    from tests.helpers.checkpoints import write_byte_bpe_tokenizer
+
+    pytest.importorskip("llguidance")
+    vocab = write_byte_bpe_tokenizer(tmp_path)
+    path, _ = write_tiny_qwen3_5(tmp_path, vocab_size=vocab)
+
+    def llm():
+        return LLM(path, dtype="float32", kv_memory="16MiB", max_running_requests=8,
+                   page_size=4, chunk_size=13, device=TEST_DEVICE)
+    regex = r"[0-9]{3}-[0-9]{4}"
+    prompts = [random_prompt(n, seed=90 + i) for i, n in enumerate(RAGGED)]
+    params = [SamplingParams(temperature=1.0, seed=3, max_tokens=30, regex=regex)] + [GREEDY] * 3
+    outs = llm().generate(prompts, params)
+    assert re.fullmatch(regex, outs[0].text) and outs[0].finish_reason == "stop"
+    assert outs[0].token_ids == llm().generate([prompts[0]], params[0])[0].token_ids
 def test_a_quantized_kv_cache_is_refused(dense):
     """The state pool is planned in the model dtype: int8/fp8 KV is refused by name."""
     with pytest.raises(ValueError, match="kv_cache_dtype"):

@@ -16,7 +16,7 @@ from tests.conftest import drive, tiny_engine
 from tests.engine.test_engine_fuzz import REQUEST, STALL_STEPS, params_of, prompt_of
 from tests.helpers.checkpoints import write_tiny_qwen3_5
 
-EXAMPLES = 6
+EXAMPLES = 5
 STATS = {"retracted": 0, "aborted": 0, "compared": 0, "cached_tokens": 0,
          "drafts_accepted": 0, "checkpoints_dropped": 0}
 
@@ -55,7 +55,7 @@ def reference(qwen):
         return seen[key]
     yield tokens
     assert STATS["retracted"] >= 1 and STATS["aborted"] >= 2, STATS
-    assert STATS["drafts_accepted"] >= 10 and STATS["cached_tokens"] >= 60, STATS
+    assert STATS["drafts_accepted"] >= 10 and STATS["cached_tokens"] >= 50, STATS
     assert STATS["compared"] >= 20 and STATS["checkpoints_dropped"] > 0, STATS
 
 
@@ -75,8 +75,9 @@ def test_fuzzed_workloads_give_every_request_its_tokens_alone(qwen, reference, s
                                                               specs):
     """Batch-invariant mode (float32; the prefix cache off): a request's rows and chunks
     are computed the same way whatever shares its steps, retracted or not, drafted or not."""
-    eng = engine(qwen, pages=24, batch_invariant=True, speculative=speculative)
-    assert eng.cache.num_total_pages == 24
+    # 38 pages: the longest request (30 + 20 prompt tokens, 100 new) alone
+    eng = engine(qwen, pages=38, batch_invariant=True, speculative=speculative)
+    assert eng.cache.num_total_pages == 38
     if eng.speculator is not None:
         eng.speculator.gate.allow = lambda n: True
     added = []
@@ -115,9 +116,10 @@ def test_fuzzed_workloads_give_every_request_its_tokens_alone(qwen, reference, s
           suppress_health_check=list(HealthCheck))
 @given(specs=st.lists(REQUEST, min_size=2, max_size=7))
 def test_fuzzed_prefix_hits_give_each_request_its_cold_tokens(qwen, reference, specs):
-    """The prefix cache on, checkpoints every 8 tokens into room for 10: requests sharing
-    prefixes of every length hit the deepest checkpoint left and get their cold tokens."""
-    eng = engine(qwen, pages=100, checkpoints=10)
+    """The prefix cache on, checkpoints every 8 tokens and at prompt ends into room for
+    40 (a request of 150 tokens takes 20): requests sharing prefixes of every length hit
+    the deepest checkpoint left and get their cold tokens."""
+    eng = engine(qwen, pages=100, checkpoints=40)
     alloc = eng.cache.state.checkpoints
     taken = 0
     real = alloc.alloc
@@ -129,9 +131,11 @@ def test_fuzzed_prefix_hits_give_each_request_its_cold_tokens(qwen, reference, s
     alloc.alloc = counting
     for i, spec in enumerate(specs):
         prompt, params = prompt_of(spec, i), params_of(spec, seed=i)
-        reqs = eng.add_request(prompt, params)
-        drive(eng, check_integrity=True)
-        STATS["cached_tokens"] += sum(r.num_cached_tokens for r in reqs)
-        assert [r.output_token_ids for r in reqs] == reference(prompt, params), spec
+        for again in (False, True):  # the second run hits the first's prompt-end checkpoint
+            reqs = eng.add_request(prompt, params)
+            drive(eng, check_integrity=True)
+            STATS["cached_tokens"] += sum(r.num_cached_tokens for r in reqs)
+            assert [r.output_token_ids for r in reqs] == reference(prompt, params), spec
+            assert not again or len(prompt) < 5 or reqs[0].num_cached_tokens > 0
     STATS["checkpoints_dropped"] += max(0, taken - alloc.num_pages)
     check_pool_returns(eng)

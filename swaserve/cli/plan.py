@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if rec is None:
         print(f"layers: {len(lay['full'])} full, {len(lay['sliding'])} sliding "
               f"(W={lay['window']}, ring {lay['ring']} slots: W + {lay['step_tokens']} tokens "
-              f"a step, {lay['draft_allowance']} of them for drafts); ")
+              f"a step, {lay['draft_allowance']} of them for drafts)")
     else:
         print(f"layers: {len(lay['full'])} full, {len(rec['layers'])} recurrent (Gated DeltaNet)")
     print(f"budget {rep['kv_memory_bytes'] / gib:.2f} GiB, context {rep['context']}, "

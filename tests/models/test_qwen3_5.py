@@ -1,11 +1,16 @@
 """Qwen3.5 text models against transformers' own Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM, in
 float32 on tiny random checkpoints (8 layers: three Gated DeltaNet layers to each gated
-full-attention layer): prompt logits under every chunking, ragged prefills under one token
-budget, batched decode of mixed lengths, n = 3 forks, retraction under a tiny pool. Then the
-state pool (reset for new rows only, copied on forks, one slot per row per recurrent layer),
-speculative drafts (rejected tokens never advance a state: every slot equals a
-non-speculative run's), prefix hits through state checkpoints, the planner (its bytes are
-what the cache holds; `swaserve plan` on Qwen3.5-shaped configs) and the refusals."""
+full-attention layer; the MoE one with 4 experts beside a shared one): prompt logits under
+chunkings 1, 7, 64, ragged prefills under one token budget, batched decode of mixed lengths
+equal to each alone and to transformers' greedy tokens, n = 3 forks, retraction under a tiny
+pool, bf16, batch-invariant mode, overlap scheduling, prompt logprobs, embeddings, a grammar.
+Then the state pool (reset for new rows only, one slot per row per recurrent layer),
+speculative drafts (scripted accept/reject patterns leave every state slot equal to a
+non-speculative run's; n-gram drafts on and off give the same tokens), prefix hits through
+state checkpoints (at, between and past them, equal to cold runs; LRU under a small
+budget), the planner (its bytes are what the cache holds; `swaserve plan` on Qwen3.5-0.8B-
+and -27B-shaped configs) and the refusals (config fields, GGUF, tensor parallelism, MLX).
+The engine fuzz over this model is tests/models/test_qwen3_5_fuzz.py."""
 
 from __future__ import annotations
 
@@ -586,6 +591,38 @@ def test_a_grammar_in_a_ragged_batch_is_what_it_is_alone(tmp_path):
     outs = llm().generate(prompts, params)
     assert re.fullmatch(regex, outs[0].text) and outs[0].finish_reason == "stop"
     assert outs[0].token_ids == llm().generate([prompts[0]], params[0])[0].token_ids
+
+
+def test_fused_expert_tensors_load_as_per_expert_ones(moe, tmp_path):
+    """Experts stored as transformers keeps them in memory (experts.gate_up_proj [E, 2I, h],
+    experts.down_proj [E, h, I]) give the per-expert checkpoint's logits."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    path, ref = moe
+    tensors = load_file(str(Path(path) / "model.safetensors"))
+    fused, experts = {}, {}
+    for name, t in tensors.items():
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if m is None:
+            fused[name] = t
+        else:
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = t
+    for prefix, per in experts.items():
+        order = sorted(per)
+        fused[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([per[e]["gate"], per[e]["up"]]) for e in order])
+        fused[f"{prefix}.down_proj"] = torch.stack([per[e]["down"] for e in order])
+    shutil.copy(Path(path) / "config.json", tmp_path / "config.json")
+    save_file(fused, str(tmp_path / "model.safetensors"))
+    prompt = random_prompt(30, seed=7)
+    (tokens, logs), = run(engine(str(tmp_path)), [prompt], GREEDY)
+    assert max_err(logs, hf_logits(ref, prompt + tokens), len(prompt) - 1) < TOL
+
+
 def test_a_quantized_kv_cache_is_refused(dense):
     """The state pool is planned in the model dtype: int8/fp8 KV is refused by name."""
     with pytest.raises(ValueError, match="kv_cache_dtype"):

@@ -14,6 +14,7 @@
 
 #include "bf16.h"
 #include "kernels.h"
+#include "softmax.h"
 
 #ifdef __AVX512F__
 #include "simd.h"
@@ -115,28 +116,6 @@ static void values_q8(const int8_t *v, const float *vs, const int64_t *keys, int
             for (int64_t i = 0; i < d; i++) acc[h][i] += p * ((float)vr[i] * vsr[i / bs]);
         }
     }
-}
-
-/* s[j] = e^(s[j] - m) for j < n; returns their sum */
-static float exp_minus(float *s, int64_t n, float m) {
-    int64_t j = 0;
-    float sum = 0.0f;
-#ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
-    const __m512 mv = _mm512_set1_ps(m);
-    for (; j < n; j += 16) {
-        const __mmask16 live = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), mv));
-        _mm512_mask_storeu_ps(s + j, live, e);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(live, e));
-    }
-    sum = _mm512_reduce_add_ps(acc);
-#endif
-    for (; j < n; j++) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    return sum;
 }
 
 static void one_q8(const uint16_t *q, const int8_t *k, const int8_t *v, const float *ks,

@@ -206,7 +206,9 @@ static inline int put_sums(int flags, void *y, int64_t n, float *best, int32_t *
 }
 
 typedef struct {
-    const int16_t *xq;   /* [m, k] */
+    const int32_t *xq;   /* chunks of Q8_VNNI_CHUNK rows (the last: what is left), each
+                          * [k / 2][its rows]: an input pair a word, a chunk's rows side by
+                          * side (rows k * 2 bytes apart would share L1 sets) */
     const float *xs;     /* [m, k / 32]: each block's scale, 2^-s */
     const float *xsum;   /* [m, k / group]: sums of x per weight group (offsets only) */
     const int8_t *pq;
@@ -259,7 +261,7 @@ static inline __attribute__((always_inline)) void vnni_block(vnni_job_t *j, int6
     const int8_t *pq = j->pq + cb * nkb * bsize;
     const char *ps = (const char *)j->ps + cb * nkb * per * (f16 ? 2 : 4);
     const float *po = j->po ? j->po + cb * nkb * per : 0;
-    const int16_t *xq = j->xq + r0 * j->k;
+    const int32_t *xq = j->xq + r0 * (j->k / 2);
     const float *xs = j->xs + r0 * nkb, *xsum = j->xsum ? j->xsum + r0 * ngroups : 0;
     __m512 f[Q8_VNNI_CHUNK];
     for (int i = 0; i < M; i++) f[i] = _mm512_setzero_ps();
@@ -280,8 +282,7 @@ static inline __attribute__((always_inline)) void vnni_block(vnni_job_t *j, int6
                     const __m512i w = vnni_weights(blk, p + a, BITS);
 #pragma GCC unroll 8
                     for (int i = 0; i < M; i++) {
-                        int32_t pair;
-                        memcpy(&pair, xq + i * j->k + kb * 32 + 2 * (p + a), 4);
+                        const int32_t pair = xq[(kb * 16 + p + a) * M + i];
                         acc[i * A + a] = _mm512_dpwssd_epi32(acc[i * A + a], w,
                                                              _mm512_set1_epi32(pair));
                     }
@@ -350,8 +351,9 @@ static void *vnni_run(void *arg) {
 #undef VNNI_GROUP_CASES
 
 /* x [m, k] bf16 as int16 per block of 32 with the power of two that puts the block's
- * largest exponent just under 2^15; the sums of x per weight group for the offsets */
-static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, int16_t *xq,
+ * largest exponent just under 2^15 (into xq's chunked layout); the sums of x per weight
+ * group for the offsets */
+static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, int32_t *xq,
                           float *xs, float *xsum) {
     const int64_t nkb = k / 32;
     for (int64_t i = 0; i < m; i++)
@@ -367,8 +369,13 @@ static void quantize_rows(const uint16_t *x, int64_t m, int64_t k, int group, in
             const __m512 sv = _mm512_set1_ps((float)s);
             const __m512i qa = _mm512_cvtps_epi32(_mm512_scalef_ps(a, sv));
             const __m512i qb = _mm512_cvtps_epi32(_mm512_scalef_ps(b, sv));
-            _mm256_storeu_si256((__m256i *)(xq + at), _mm512_cvtsepi32_epi16(qa));
-            _mm256_storeu_si256((__m256i *)(xq + at + 16), _mm512_cvtsepi32_epi16(qb));
+            int32_t pairs[16];
+            _mm256_storeu_si256((__m256i *)pairs, _mm512_cvtsepi32_epi16(qa));
+            _mm256_storeu_si256((__m256i *)(pairs + 8), _mm512_cvtsepi32_epi16(qb));
+            const int64_t r0 = i / Q8_VNNI_CHUNK * Q8_VNNI_CHUNK;
+            const int64_t width = m - r0 < Q8_VNNI_CHUNK ? m - r0 : Q8_VNNI_CHUNK;
+            int32_t *to = xq + r0 * (k / 2) + kb * 16 * width + i - r0;
+            for (int p = 0; p < 16; p++) to[p * width] = pairs[p];
             /* NaN and infinity (which max() passes over) make the row's sums NaN */
             const int bad = _mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99);
             xs[i * nkb + kb] = bad ? NAN : ldexpf(1.0f, -s);
@@ -390,7 +397,7 @@ int q8_vnni(const uint16_t *x, const int8_t *pq, const void *ps, const float *po
     if (m < 1 || n % 16 || k % BLOCK || threads < 1) return -1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     const int64_t nkb = k / 32, group = flags & Q8_HALVES ? 16 : 32;
-    int16_t *xq = aligned_alloc(64, (size_t)(m * k * 2 + 63) / 64 * 64);
+    int32_t *xq = aligned_alloc(64, (size_t)(m * k * 2 + 63) / 64 * 64);
     float *xs = malloc((size_t)(m * nkb * 3 + 1) * sizeof(float));
     if (!xq || !xs) { free(xq); free(xs); return -1; }
     float *xsum = po ? xs + m * nkb : 0;

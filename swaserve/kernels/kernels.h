@@ -62,8 +62,8 @@ int head_screen(const uint16_t *x, const int32_t *perm, const int32_t *edges, in
 int head_screen_noise_ranges(float *least, float *most);
 /* screen.c: those bounds of n hashes as the screen reads them; -2 without its kernels */
 int head_screen_noise(const int64_t *hashes, int64_t n, float *least, float *most);
-/* screen.c: the head's int8 tiles (q8_dpbf16's arguments) as head_screen's wq [n/16, k/4,
-   16, 4] and stats [n/16, ngroups, 2, 16]; -3 for a weight that is not finite */
+/* screen.c: the head's int8 tiles (q8_dpbf16's arguments) as head_screen's wq [n/32, k/4,
+   2, 16, 4] and stats [n/16, ngroups, 2, 16]; -3 for a weight that is not finite */
 int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flags,
                      const int32_t *perm, const int32_t *edges, int64_t ngroups, int64_t n,
                      int64_t k, uint8_t *wq, float *stats, int threads);

@@ -43,7 +43,7 @@
 /* |x| past this goes to the caller's kernel: below it no screen sum or bound overflows
  * float32 (a GGUF's weights are under 2^26, k under 2^16: 2^64 x 2^26 x 2^16 < 2^127) */
 #define X_LIMIT 0x1p64f
-#define SCREEN_ROWS 6     /* rows a pass keeps in registers: 6 x 2 int32 + 6 x 2 float sums */
+#define SCREEN_ROWS 8     /* rows a pass takes: 8 x 2 int32 sums in registers */
 /* a keyed row's noise bounds by where its hash h falls: NOISE_RANGES ranges, rising with h
  * (so with g = -log(-log(h / (2^32 - 1))), murmur.py): below 2^31 by the leading zeros of
  * h, from 2^31 by those of ~h = 2^32 - 1 - h (16 at most each: the last range of each
@@ -87,7 +87,7 @@ typedef struct {
     const float *rs;      /* [m, ngroups, 3]: sx, SLACK * sx, SLACK * sx * |xq_g|_1 */
     const int32_t *corr;  /* [m, ngroups]: -128 * sum xq_g (the weights are stored + 128) */
     const int32_t *edges; /* [ngroups + 1]: the groups' first channels, then k */
-    const uint8_t *wq;    /* [n / 16, k / 4, 16, 4]: round(w / st) + 128 */
+    const uint8_t *wq;    /* [n / 32, k / 4, 2, 16, 4]: round(w / st) + 128, pairs of blocks */
     const float *stats;   /* [n / 16, ngroups, 2, 16]: st, l1 */
     int64_t m, n, k, ngroups, lo, hi; /* [lo, hi): pairs of column blocks of 16 */
     float *lower;         /* [m, 16] lane-wise the largest screen - bound the job has seen */
@@ -154,7 +154,9 @@ static inline __attribute__((always_inline)) void screen_rows(const screen_job_t
                                                               int64_t cb, int64_t r0,
                                                               const int R, __m512 out[][4]) {
     const int64_t kq = j->k / 4, G = j->ngroups;
-    const uint8_t *w0 = j->wq + cb * kq * 64, *w1 = w0 + kq * 64;
+    /* a pair of column blocks is one stream (for each 4 inputs, block cb's 64 bytes, then
+     * cb + 1's): two streams a block long each are read from memory far slower */
+    const uint8_t *w0 = j->wq + cb * kq * 64, *w1 = w0 + 64;
     const float *s0 = j->stats + cb * G * 32, *s1 = s0 + G * 32;
     __m512 f0[SCREEN_ROWS], f1[SCREEN_ROWS];
     for (int r = 0; r < R; r++) f0[r] = f1[r] = _mm512_setzero_ps();
@@ -166,9 +168,9 @@ static inline __attribute__((always_inline)) void screen_rows(const screen_job_t
         for (int64_t q = j->edges[g] / 4; q < j->edges[g + 1] / 4; q += 4) {
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
-                const __m512i a = _mm512_load_si512((const void *)(w0 + (q + u) * 64));
-                const __m512i c = _mm512_load_si512((const void *)(w1 + (q + u) * 64));
-#pragma GCC unroll 6
+                const __m512i a = _mm512_load_si512((const void *)(w0 + (q + u) * 128));
+                const __m512i c = _mm512_load_si512((const void *)(w1 + (q + u) * 128));
+#pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     const __m512i xv =
                         _mm512_set1_epi32(*(const int32_t *)(xg + r * j->k + (q + u) * 4));
@@ -212,7 +214,7 @@ static void *screen_run(void *arg) {
             switch (rows) {
 #define SCREEN_CASE(R) case R: screen_rows(j, p * 2, r0, R, out); break;
                 SCREEN_CASE(1) SCREEN_CASE(2) SCREEN_CASE(3) SCREEN_CASE(4) SCREEN_CASE(5)
-                SCREEN_CASE(6)
+                SCREEN_CASE(6) SCREEN_CASE(7) SCREEN_CASE(8)
 #undef SCREEN_CASE
             }
             for (int r = 0; r < rows; r++) {
@@ -405,7 +407,7 @@ static int pack_block(const int8_t *pq, const char *ps, const float *po, int fla
             const float st = amax / 127.0f;
             for (int32_t i = edges[g]; i < edges[g + 1]; i++) {
                 const float q = st > 0.0f ? nearbyintf(wc[perm[i]] / st) : 0.0f;
-                wq[(i / 4) * 64 + c * 4 + i % 4] = (uint8_t)(fminf(fmaxf(q, -127.0f), 127.0f) + 128.0f);
+                wq[(i / 4) * 128 + c * 4 + i % 4] = (uint8_t)(fminf(fmaxf(q, -127.0f), 127.0f) + 128.0f);
             }
             stats[g * 32 + c] = st;
             stats[g * 32 + 16 + c] = (float)l1;
@@ -429,7 +431,7 @@ int head_screen_pack(const int8_t *pq, const void *ps, const float *po, int flag
             const int r = !w ? -1 : pack_block(pq + b * nkb * 512,
                                                (const char *)ps + b * nkb * per * ssize,
                                                po ? po + b * nkb * per : 0, flags, perm, edges,
-                                               ngroups, k, w, wq + b * k * 16,
+                                               ngroups, k, w, wq + (b / 2) * k * 32 + (b % 2) * 64,
                                                stats + b * ngroups * 32);
             if (r < rc) rc = r;
         }

@@ -42,7 +42,7 @@ BUILD_ROWS = 16
 # the head's q8_vnni rows where a screen runs: past them q8_dpbf16's tokens through the
 # screen cost less than q8_vnni's products (benchmarks/head_screen.py --vnni-limits), and a
 # step's keyed rows are drawn there too
-VNNI_ROWS = 8
+VNNI_ROWS = 6
 # a keyed row under this temperature takes its logits: past 2^10 x the head's largest sums
 # its scores' bounds could overflow float32
 MIN_TEMPERATURE = 2.0 ** -10
@@ -226,7 +226,7 @@ class HeadScreen:
         perm = self._seen.argsort(descending=True).to(torch.int32).contiguous()
         groups = len(self.edges) - 1
         try:
-            wq = torch.empty(n // 16, k // 4, 16, 4, dtype=torch.uint8)
+            wq = torch.empty(n // 32, k // 4, 2, 16, 4, dtype=torch.uint8)
             stats = torch.empty(n // 16, groups, 2, 16, dtype=torch.float32)
         except RuntimeError as e:  # out of memory: the head whole, as before
             log.warning("LM head screen not built: %s", e)

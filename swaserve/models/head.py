@@ -245,7 +245,9 @@ class LMHead:
             tokens = self.screen_tokens(x[rows], keyed, rows)
         if tokens is None:  # the greedy rows alone (not through a screen that just gave none)
             rows = greedy
-            if not rows:
+            if not rows or (kernel == "vnni" and len(rows) < x.shape[0]):
+                # q8_vnni streams the whole head for any rows: one pass of every row's
+                # logits (the caller's) costs less than argmaxes, then the others' logits
                 return None
             tokens = (head.argmax(x[rows], kernel) if screened
                       else self.argmaxes(x[rows], kernel))

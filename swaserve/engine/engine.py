@@ -3,7 +3,7 @@
     schedule -> prepare inputs -> run model -> sample -> postprocess
 
 The offline API calls `step` in a loop; the server runs it in its own thread and talks to
-it through queues.
+it through queues. The steps themselves run in engine/step_loop.py.
 
 Overlap scheduling (on by default on a GPU, off on a CPU): the forward and sampling of a
 step run on a worker thread (torch releases the GIL in its kernels) while the engine thread
@@ -32,12 +32,10 @@ the batch gets exactly the tokens it would have got. A fault no request can be b
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -52,24 +50,24 @@ from swaserve.engine.embedder import EmbedJob, build_embedder
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.forks import ForkGroups
 from swaserve.engine.intake import Intake
-from swaserve.engine.launch import Launched, StepCompute, head_hints, run_now
+from swaserve.engine.launch import Launched, StepCompute
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
-from swaserve.engine.request import Request, RequestError
+from swaserve.engine.request import Request
 from swaserve.engine.runner import ModelRunner
 from swaserve.engine.sample_stage import SampleStage
-from swaserve.engine.scheduler import Batch, Scheduler
+from swaserve.engine.scheduler import Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.stats import EngineStats, StepStats
+from swaserve.engine.step_loop import StepLoop
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
-from swaserve.memory.kv_cache import KVCache, KVLost
+from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import plan_kv
 from swaserve.models.base import CausalLM
 from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams
-from swaserve.sampling.rows import has_penalty
 
 log = logging.getLogger("swaserve")
 
@@ -167,8 +165,8 @@ class Engine:
                            if config.speculative == "ngram" else None)
         self.post = Postprocessor(self.scheduler, self.cache, self.output, self.speculator,
                                   self.forks)
-        self._compute = StepCompute(self.runner, self.sample_stage, self.backend,
-                                    self._faults)
+        self.compute = StepCompute(self.runner, self.sample_stage, self.backend,
+                                   self._faults)
         self.intake = Intake(self.tokenizer, self.vocab_size, self.max_model_len,
                              self.grammars, self.sampler, self.speculator is not None)
 
@@ -177,11 +175,7 @@ class Engine:
         # on a CPU the host work would take a core from the forward's threads
         self.overlap = (config.overlap if config.overlap is not None
                         else self.backend.overlaps_by_default(self.device) and self.tp is None)
-        self._worker = (ThreadPoolExecutor(1, thread_name_prefix="swaserve-forward")
-                        if self.overlap else None)
-        self._inflight: Launched | None = None
-        self._open: list[Launched] = []  # launched steps not postprocessed yet
-        self._scheduling: Batch | None = None  # the batch being prepared, until launched
+        self.loop = StepLoop(self, self.overlap)
         # not with overlap: the thread count would change while the worker runs a forward
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
                          and self.device.type == "cpu" and self.backend.torch_threads
@@ -198,7 +192,7 @@ class Engine:
     def step_in_flight(self) -> Launched | None:
         """With overlap: the step launched and still computing (its `batch`, `owners` and
         whether it was `chain_safe`), else None."""
-        return self._inflight
+        return self.loop.inflight
 
     @property
     def faults(self) -> FaultInjector:
@@ -263,12 +257,12 @@ class Engine:
         self.forks.abort(req)
 
     def has_unfinished(self) -> bool:
-        return (self.scheduler.has_work() or self._inflight is not None
+        return (self.scheduler.has_work() or self.loop.inflight is not None
                 or (self.embedder is not None and self.embedder.has_work()))
 
     def settle(self) -> None:
         """Finish the step in flight, so that finished requests' memory is released."""
-        while self._inflight is not None:
+        while self.loop.inflight is not None:
             self.step()
 
     def release(self, request_id: str) -> None:
@@ -288,147 +282,17 @@ class Engine:
         if self.governor is not None:
             self.governor.before_step()
         try:
-            changed = self._step()
+            changed = self.loop.step()
         except GroupBroken:  # a rank is gone: no step can run again
             raise
         except Exception as e:  # noqa: BLE001 - no request can be blamed: fail the step's
-            return self._fail_step(e)
+            return self.loop.fail(e)
         if self.embedder is not None and self.embedder.has_work():
             self.embedder.step()  # its faults stay with its own requests
         if self.governor is not None and self.last_step is not None:
             self.governor.after_step(self.last_step.seconds, self.last_step.num_tokens,
                                     self.last_step.num_seqs)
         return changed
-
-    def _step(self) -> list[Request]:
-        return self._overlap_step() if self.overlap else self._plain_step()
-
-    def _plain_step(self) -> list[Request]:
-        """Schedule and prepare a step, compute it, read it back, postprocess."""
-        t0 = time.perf_counter()
-        step = self._launch(None)
-        if step is None:
-            self.last_step = None
-            return []
-        return self._finish(step, t0)
-
-    def _overlap_step(self) -> list[Request]:
-        """Finish the step in flight while the next one computes: the next is launched
-        first (chained on this one's device tokens when no row needs them on the host),
-        else right after this one is read back."""
-        t0 = time.perf_counter()
-        step, self._inflight = self._inflight, None
-        if step is None:
-            step = self._launch(None)
-            if step is None:
-                self.last_step = None
-                return []
-        if step.chain_safe:
-            self._inflight = self._launch(step)
-        changed = self._finish(step, t0)
-        if self._inflight is None:
-            self._inflight = self._launch(None)  # computes while the caller streams these
-        return changed
-
-    def _finish(self, step: Launched, t0: float) -> list[Request]:
-        out, forward_s, sample_s = step.wait()
-        if step.scored:
-            self.post.prompt_logprobs(step.score, step.scored)
-        seqs = step.batch.seqs
-        # what a token costs in decode steps with drafts and without (speculative.CostGate)
-        gated = self.speculator is not None and all(s.num_known == 1 for s in seqs)
-        before = sum(s.request.num_output_tokens for s in seqs) if gated else 0
-        changed = self.post.run(step.batch, step.owners, out, step.failed)
-        self._open.remove(step)
-        self.last_step = StepStats(step.batch.num_tokens, len(seqs),
-                                   time.perf_counter() - t0, forward_s, sample_s)
-        if gated:
-            self.speculator.gate.observe(
-                len(seqs), any(s.draft for s in seqs), self.last_step.seconds,
-                sum(s.request.num_output_tokens for s in seqs) - before)
-        return changed
-
-    def _fail_step(self, err: Exception) -> list[Request]:
-        """Fail the requests of the steps that were being built or computed, once nothing
-        computes any more, and check that the pools are whole again."""
-        log.error("engine step failed, failing its requests: %s", err, exc_info=err)
-        launched, self._open, self._inflight = self._open, [], None
-        for step in launched:  # nothing may still write into memory that is freed below
-            try:
-                step.wait()
-            except Exception:  # noqa: BLE001, S110 - the failure is being handled
-                pass
-        seqs = [s for step in launched for s in step.batch.seqs]
-        if self._scheduling is not None:
-            seqs += self._scheduling.seqs
-        found = [s.request for s in seqs] + [r for step in launched for _, r in step.owners]
-        if (self._scheduling is None and not launched) or isinstance(err, KVLost):
-            found += self.scheduler.running  # it broke inside schedule(), or all KV is gone
-        reqs = list({id(r): r for r in found}.values())
-        self._scheduling = None
-        error = RequestError(f"the engine step computing this request failed: "
-                             f"{type(err).__name__}: {err}")
-        for req in reqs:
-            req.in_flight = req.num_pending = 0
-            self.forks.fail(req, error)
-        self.scheduler.release_deferred()
-        if isinstance(err, KVLost):
-            self.cache.evict_all()
-        self.check_integrity()  # raises if the pools could not be made whole: the engine dies
-        self.last_step = StepStats(0, len(reqs), 0.0, 0.0, 0.0)  # it ended them: not stalled
-        return reqs
-
-    def _launch(self, prev: Launched | None) -> Launched | None:
-        """Schedule and prepare a step and hand it to the forward. `prev` is the step still
-        in flight, whose sampled tokens are this step's decode inputs."""
-        batch = self.scheduler.schedule(can_retract=prev is None, drafts=self._drafts(),
-                                        max_decode_rows=self._max_decode_rows)
-        if not batch.seqs:
-            return None
-        self._scheduling = batch
-        pending = None
-        if prev is not None:
-            pending = {req.request_id: j for j, (_, req) in enumerate(prev.owners)}
-        prepared = self.runner.prepare(batch, pending)
-        rows, owners, failed = self.sample_stage.rows(prepared.sampled)
-        if self.logits_log is None and len(owners) == len(prepared.ctx.logits_indices):
-            head_hints(prepared.ctx, rows, self.device, self.model.draws_keyed_rows)
-        for s in batch.seqs:  # a draft's positions count once accepted (postprocess)
-            s.request.num_computed_tokens += s.num_known
-            s.request.in_flight += 1
-        for s in prepared.sampled:
-            s.request.num_pending += 1
-        chain_safe = self.overlap and not batch.blocked and all(
-            self._chains(s.request) and not s.draft for s in prepared.sampled)
-        compute = functools.partial(self._compute, prepared, rows, owners,
-                                    prev.result if prev is not None else None,
-                                    [s.request for s in batch.seqs], self.logits_log)
-        result = self._worker.submit(compute) if self._worker is not None else run_now(compute)
-        launched = Launched(batch, owners, result, chain_safe, failed, prepared.scored,
-                            prepared.ctx.score)
-        self._open.append(launched)
-        self._scheduling = None
-        return launched
-
-    def _drafts(self) -> dict[str, list[int]] | None:
-        if self.speculator is None:
-            return None
-        try:
-            return self.speculator.drafts(self.scheduler.running)
-        except Exception as e:  # noqa: BLE001 - drafts only save time: go on without
-            log.error("speculative drafts failed, this step has none: %s", e, exc_info=e)
-            return None
-
-    def _max_decode_rows(self, decodes: int) -> int:
-        """Rows a decode step of `decodes` seqs may grow to with drafts: each row keeps the
-        kernel it would take without them."""
-        return min(self.config.speculative_max_rows, self.model.same_numerics_rows(decodes))
-
-    def _chains(self, req: Request) -> bool:
-        """Can the step after this one be built before this one's token is read back?"""
-        p = req.params
-        return (req.grammar is None and not p.stop and not has_penalty(p)
-                and not self.forks.waiting(req))
 
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> EngineStats:

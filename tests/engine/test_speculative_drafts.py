@@ -118,6 +118,6 @@ def test_a_draft_never_evicts_a_cached_prefix(tiny_hybrid):
     nodes, page = eng.cache.prefix.num_nodes, eng.cache.page_size
     assert first.is_finished and nodes > 0 and req.num_computed_tokens == page - 1
     batch = eng.scheduler.schedule(drafts={req.request_id: [9] * 4},
-                                   max_decode_rows=eng._max_decode_rows)
+                                   max_decode_rows=eng.loop._max_decode_rows)
     assert [s.draft for s in batch.seqs] == [[]]  # past its page it would need a new one
     assert eng.cache.prefix.num_nodes == nodes

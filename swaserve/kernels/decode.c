@@ -26,6 +26,10 @@
 #include "bf16.h"
 #include "kernels.h"
 
+#ifdef __AVX512F__
+#include "simd.h"
+#endif
+
 /* the kernels it calls, typed by their prototypes in kernels.h */
 typedef __typeof__(&q8_amx) q8_fn;
 typedef __typeof__(&rms_norm_bf16) norm_fn;
@@ -78,11 +82,29 @@ typedef struct decode_bufs { /* scratch, each [m, its width] bf16 */
 
 
 /* x [n] bf16 in nsc blocks as memory/kv_quant.py's int8 `quantize` stores them: a block's
- * scale max|x| / 127, its values round(x / scale) (half to even) in [-127, 127] */
+ * scale max|x| / 127, its values round(x / scale) (half to even) in [-127, 127]; IEEE
+ * float32 division and rounding either way, so the vectors give the scalar loop's bytes */
 static void quantize(const uint16_t *x, int64_t n, int64_t nsc, int8_t *q, float *scales) {
     const int64_t bs = n / nsc;
     for (int64_t blk = 0; blk < nsc; blk++) {
         const uint16_t *xb = x + blk * bs;
+        int8_t *qb = q + blk * bs;
+#ifdef __AVX512F__
+        if (bs % 16 == 0) {
+            __m512 mv = _mm512_setzero_ps();
+            for (int64_t i = 0; i < bs; i += 16) mv = _mm512_max_ps(mv, _mm512_abs_ps(load_bf16(xb + i)));
+            const float s = _mm512_reduce_max_ps(mv) / 127.0f;
+            const __m512 div = _mm512_set1_ps(s > FLT_MIN ? s : FLT_MIN);
+            for (int64_t i = 0; i < bs; i += 16) {
+                __m512 y = _mm512_roundscale_ps(_mm512_div_ps(load_bf16(xb + i), div),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+                _mm_storeu_si128((__m128i *)(qb + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y)));
+            }
+            scales[blk] = s;
+            continue;
+        }
+#endif
         float m = 0.0f, f[ATTN_MAX_DIM];
         for (int64_t i = 0; i < bs; i++) {
             f[i] = bf16_to_f32(xb[i]);
@@ -91,7 +113,7 @@ static void quantize(const uint16_t *x, int64_t n, int64_t nsc, int8_t *q, float
         const float s = m / 127.0f, div = s > FLT_MIN ? s : FLT_MIN;
         for (int64_t i = 0; i < bs; i++) {
             const float y = rintf(f[i] / div);
-            q[blk * bs + i] = (int8_t)(y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y);
+            qb[i] = (int8_t)(y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y);
         }
         scales[blk] = s;
     }

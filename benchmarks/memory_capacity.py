@@ -2,7 +2,8 @@
 requests (ring vs token-scaled vs full-history) for each --kv-cache-dtype, then actually run
 that many such requests at once on the real model and report peak RSS growth against the
 budget. With --decode, instead: decode tok/s with each KV dtype at batch 32 after 128-token
-prompts and at --long-batch requests of --context tokens (attention reads dominate there).
+prompts and at --long-batch requests of --context tokens (attention reads dominate there),
+over --decode-tokens steps in which every request decodes.
 
     python benchmarks/memory_capacity.py [--kv-memory 1GiB] [--context 8192]
         [--kv-cache-dtype auto int8] [--decode] [--json f]
@@ -67,24 +68,34 @@ def capacity_run(args, kv: str) -> dict:
 
 
 def decode_rate(kv: str, batch: int, prompt_tokens: int, new_tokens: int) -> float:
-    """Decode tok/s of `batch` greedy requests of `prompt_tokens` (prefill excluded: timed
-    from the step after every request has its first token)."""
+    """Decode tok/s of `batch` greedy requests of `prompt_tokens`: the tokens of the
+    `new_tokens` steps after every request has its first, each step decoding every request
+    (prefill excluded; the requests admitted first, already decoding, are never finished
+    before the window ends), then the requests are aborted."""
     from swaserve import LLM, SamplingParams
 
+    room = 4 * new_tokens  # outputs of the early requests while the later ones prefill
     llm = LLM(kv_memory="2GiB", max_running_requests=batch, prefix_cache=False,
-              kv_cache_dtype=kv, max_model_len=prompt_tokens + new_tokens + 16)
+              kv_cache_dtype=kv, max_model_len=prompt_tokens + room + 16)
     eng = llm.engine
     ids = text_ids(llm.tokenizer)
-    params = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True)
     reqs = [eng.add_request([2] + ids[i * 37:i * 37 + prompt_tokens - 1], params)[0]
             for i in range(batch)]
     while not all(r.num_output_tokens for r in reqs):
         eng.step()
     done, t0 = sum(r.num_output_tokens for r in reqs), time.perf_counter()
-    while eng.has_unfinished():
+    for _ in range(new_tokens):
         eng.step()
     wall = time.perf_counter() - t0
-    return (sum(r.num_output_tokens for r in reqs) - done) / wall
+    tokens = sum(r.num_output_tokens for r in reqs) - done
+    if tokens != batch * new_tokens:
+        raise RuntimeError(f"{tokens} tokens in {new_tokens} steps of {batch} requests")
+    for r in reqs:
+        eng.abort(r.request_id)
+    while eng.has_unfinished():
+        eng.step()
+    return tokens / wall
 
 
 def main() -> int:

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "decode_jobs.h"
 #include "kernels.h"
 #include "softmax.h"
 
@@ -132,10 +133,28 @@ static void weighted_values(const uint16_t *v, const int64_t *keys, int64_t n, i
     }
 }
 
-static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *slots,
-                const uint8_t *mask, const float *sinks, uint16_t *out, int64_t grp,
-                int64_t d, int64_t l, int64_t slot_stride, float scale, float *s,
-                int64_t *keys) {
+typedef struct { /* a call's arguments, for its jobs */
+    const uint16_t *q, *k, *v;
+    const int64_t *slots;
+    const uint8_t *mask;
+    const float *sinks;
+    uint16_t *out;
+    int64_t q_stride, h, kvh, grp, d, l;
+    float scale;
+} dec_t;
+
+/* sequence r's query heads of KV head g; scratch: the keys' slots [l], the scores [grp, l] */
+static void one(const void *arg, int64_t r, int64_t g, void *scratch) {
+    const dec_t *a = arg;
+    const int64_t grp = a->grp, d = a->d, l = a->l, slot_stride = a->kvh * d;
+    const uint16_t *q = a->q + r * a->q_stride + g * grp * d, *k = a->k + g * d,
+                   *v = a->v + g * d;
+    const uint8_t *mask = a->mask ? a->mask + r * l : NULL;
+    const float *sinks = a->sinks ? a->sinks + g * grp : NULL;
+    const int64_t *slots = a->slots + r * l;
+    uint16_t *out = a->out + r * a->h * d + g * grp * d;
+    int64_t *keys = scratch;
+    float *s = (float *)(keys + (l > 0 ? l : 1));
     float qf[ATTN_MAX_GROUP][ATTN_MAX_DIM], acc[ATTN_MAX_GROUP][ATTN_MAX_DIM], blk[KB][ATTN_MAX_DIM];
     float mx[ATTN_MAX_GROUP], sum[ATTN_MAX_GROUP];
     int64_t n = 0;  /* the attended keys' slots, in order */
@@ -147,7 +166,7 @@ static void one(const uint16_t *q, const uint16_t *k, const uint16_t *v, const i
         sum[h] = 0.0f;
         for (int64_t i = 0; i < d; i++) acc[h][i] = 0.0f;
     }
-    scores(q, qf, k, v, keys, n, grp, d, slot_stride, scale, s, blk);
+    scores(q, qf, k, v, keys, n, grp, d, slot_stride, a->scale, s, blk);
     for (int64_t h = 0; h < grp; h++)
         for (int64_t j = 0; j < n; j++)
             if (s[h * n + j] > mx[h]) mx[h] = s[h * n + j];
@@ -167,31 +186,12 @@ int decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k
                           const uint16_t *v, const int64_t *slots, const uint8_t *mask,
                           const float *sinks, uint16_t *out, int64_t b, int64_t h,
                           int64_t kvh, int64_t d, int64_t l, float scale, int threads) {
-    const int64_t grp = h / kvh, jobs = b * kvh;
+    const int64_t grp = h / kvh;
     if (grp > ATTN_MAX_GROUP || d > ATTN_MAX_DIM || grp * kvh != h) return -1;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (jobs > 1 && jobs * l * d >= 16384)
-    {
-        float *s = malloc(sizeof(float) * (size_t)(grp * (l > 0 ? l : 1)));
-        int64_t *keys = malloc(sizeof(int64_t) * (size_t)(l > 0 ? l : 1));
-        if (!s || !keys) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-        if (!failed) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t job = 0; job < jobs; job++) {
-                const int64_t r = job / kvh, g = job % kvh;
-                one(q + r * q_stride + g * grp * d, k + g * d, v + g * d, slots + r * l,
-                    mask ? mask + r * l : NULL, sinks ? sinks + g * grp : NULL,
-                    out + r * h * d + g * grp * d, grp, d, l, kvh * d, scale, s, keys);
-            }
-        }
-        free(s);
-        free(keys);
-    }
-    return failed ? -1 : 0;
+    const dec_t a = {q, k, v, slots, mask, sinks, out, q_stride, h, kvh, grp, d, l, scale};
+    const int64_t keys = l > 0 ? l : 1;
+    return decode_jobs(b, kvh, l, d, sizeof(float) * (size_t)(grp * keys)
+                       + sizeof(int64_t) * (size_t)keys, threads, one, &a);
 }
 
 /* Prompt attention on bf16 (AVX-512 BF16): many queries of one sequence over its keys.

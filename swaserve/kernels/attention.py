@@ -18,34 +18,62 @@ def entry():
     return build.function("attention", "decode_attention_bf16")
 
 
-def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                          slots: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                          sinks: torch.Tensor | None = None) -> torch.Tensor | None:
-    """q [B, H, D] (one query per sequence), k_pool/v_pool [S, KVH, D], slots [B, L] int64
-    cache slots, mask [B, L] bool (True = attend; None: all) -> [B, H * D]. bf16 on the CPU
-    only; None when the kernel is absent or the inputs are not a layout it takes."""
-    b, h, d = q.shape
+def q8_entry():
+    return build.function("attention_q8", "decode_attention_q8")
+
+
+def q8_int16(head_dim: int, blocks: int) -> bool:
+    """`decode_attention_q8` takes heads of `head_dim` in `blocks` scales with its int16
+    products (each query head and each softmax weight rounded to int16, attention_q8.c),
+    not with float32 products."""
+    fn = build.function("attention_q8", "decode_attention_q8_int16")
+    return fn is not None and fn(head_dim, blocks) == 1
+
+
+def _decode_takes(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                  slots: torch.Tensor, values: torch.dtype) -> bool:
+    """What both decode kernels need: bf16 queries [B, H, D] with contiguous heads on the
+    CPU, pools [S, KVH, D] of `values`, alike and contiguous, heads that fit, int64 slots."""
+    h, d = q.shape[1], q.shape[2]
     kvh = k_pool.shape[1]
-    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k_pool.dtype != q.dtype
-            or v_pool.dtype != q.dtype or h % kvh or h // kvh > MAX_GROUP or d > MAX_DIM
-            or q.stride(2) != 1 or q.stride(1) != d or not k_pool.is_contiguous()
-            or not v_pool.is_contiguous() or k_pool.shape != v_pool.shape
-            or k_pool.shape[2] != d or slots.dtype != torch.int64 or slots.dim() != 2):
-        return None
-    fn = entry()
-    if fn is None:
-        return None
+    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and k_pool.dtype == values
+            and v_pool.dtype == values and h % kvh == 0 and h // kvh <= MAX_GROUP
+            and d <= MAX_DIM and q.stride(2) == 1 and q.stride(1) == d
+            and k_pool.is_contiguous() and v_pool.is_contiguous()
+            and k_pool.shape == v_pool.shape and k_pool.shape[2] == d
+            and slots.dtype == torch.int64 and slots.dim() == 2)
+
+
+def _decode_call(fn, q: torch.Tensor, buffers: tuple[torch.Tensor, ...], slots: torch.Tensor,
+                 mask: torch.Tensor | None, sinks: torch.Tensor | None, dims: tuple[int, ...],
+                 scale: float) -> torch.Tensor | None:
+    """fn(q, q_stride, *buffers, slots, mask, sinks, out, B, H, *dims, scale, threads) ->
+    out [B, H * D], None when it fails."""
+    b, h, d = q.shape
     slots = slots.contiguous()
     if mask is not None:
         mask = mask.reshape(b, slots.shape[1]).contiguous().view(torch.uint8)
     if sinks is not None:
         sinks = sinks.float().contiguous()
     out = torch.empty(b, h * d, dtype=torch.bfloat16)
-    rc = fn(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(),
+    rc = fn(q.data_ptr(), q.stride(0), *(t.data_ptr() for t in buffers), slots.data_ptr(),
             None if mask is None else mask.data_ptr(),
-            None if sinks is None else sinks.data_ptr(), out.data_ptr(),
-            b, h, kvh, d, slots.shape[1], scale, torch.get_num_threads())
+            None if sinks is None else sinks.data_ptr(), out.data_ptr(), b, h, *dims, scale,
+            torch.get_num_threads())
     return out if rc == 0 else None
+
+
+def decode_attention_bf16(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                          slots: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+    """q [B, H, D] (one query per sequence), k_pool/v_pool [S, KVH, D], slots [B, L] int64
+    cache slots, mask [B, L] bool (True = attend; None: all) -> [B, H * D]. bf16 on the CPU
+    only; None when the kernel is absent or the inputs are not a layout it takes."""
+    fn = entry()
+    if fn is None or not _decode_takes(q, k_pool, v_pool, slots, torch.bfloat16):
+        return None
+    return _decode_call(fn, q, (k_pool, v_pool), slots, mask, sinks,
+                        (k_pool.shape[1], q.shape[2], slots.shape[1]), scale)
 
 
 def decode_attention_q8(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -55,32 +83,15 @@ def decode_attention_q8(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     """`decode_attention_bf16` over int8 pools [S, KVH, D] and their float32 scales [S, KVH,
     blocks] (memory/kv_quant.py): bf16 queries and output; None where the kernel does not
     run."""
-    b, h, d = q.shape
-    kvh = k_pool.shape[1]
-    if (q.dtype != torch.bfloat16 or q.device.type != "cpu" or k_pool.dtype != torch.int8
-            or v_pool.dtype != torch.int8 or k_scale.dtype != torch.float32
-            or v_scale.dtype != torch.float32 or h % kvh or h // kvh > MAX_GROUP or d > MAX_DIM
-            or q.stride(2) != 1 or q.stride(1) != d or k_pool.shape != v_pool.shape
-            or k_pool.shape[2] != d or k_scale.dim() != 3 or k_scale.shape[:2] != k_pool.shape[:2]
-            or v_scale.shape != k_scale.shape or d % k_scale.shape[2]
-            or not all(t.is_contiguous() for t in (k_pool, v_pool, k_scale, v_scale))
-            or slots.dtype != torch.int64 or slots.dim() != 2):
+    fn = q8_entry()
+    if (fn is None or not _decode_takes(q, k_pool, v_pool, slots, torch.int8)
+            or k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32
+            or k_scale.dim() != 3 or k_scale.shape[:2] != k_pool.shape[:2]
+            or v_scale.shape != k_scale.shape or q.shape[2] % k_scale.shape[2]
+            or not (k_scale.is_contiguous() and v_scale.is_contiguous())):
         return None
-    fn = build.function("attention_q8", "decode_attention_q8")
-    if fn is None:
-        return None
-    slots = slots.contiguous()
-    if mask is not None:
-        mask = mask.reshape(b, slots.shape[1]).contiguous().view(torch.uint8)
-    if sinks is not None:
-        sinks = sinks.float().contiguous()
-    out = torch.empty(b, h * d, dtype=torch.bfloat16)
-    rc = fn(q.data_ptr(), q.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
-            k_scale.data_ptr(), v_scale.data_ptr(), slots.data_ptr(),
-            None if mask is None else mask.data_ptr(),
-            None if sinks is None else sinks.data_ptr(), out.data_ptr(),
-            b, h, kvh, d, k_scale.shape[2], slots.shape[1], scale, torch.get_num_threads())
-    return out if rc == 0 else None
+    return _decode_call(fn, q, (k_pool, v_pool, k_scale, v_scale), slots, mask, sinks,
+                        (k_pool.shape[1], q.shape[2], k_scale.shape[2], slots.shape[1]), scale)
 
 
 def prefill_entry():

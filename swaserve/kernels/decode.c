@@ -12,12 +12,23 @@
  * and v written into the cache slots (and a sliding layer's through to the prefix cache's
  * window pages); attention over the cache; x, h = x + norm(o(attn)),
  * norm(.); x = x + norm(down(gelu(gate) * up)).
+ *
+ * An int8 cache (kv_cache_dtype int8) takes the new k and v as memory/kv_quant.py's
+ * `quantize` stores them (the same float32 arithmetic, so the same bytes and scales) and
+ * attends with attention_q8.c, as the layer does.
  */
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
+#include "bf16.h"
 #include "kernels.h"
+
+#ifdef __AVX512F__
+#include "simd.h"
+#endif
 
 /* the kernels it calls, typed by their prototypes in kernels.h */
 typedef __typeof__(&q8_amx) q8_fn;
@@ -25,6 +36,7 @@ typedef __typeof__(&rms_norm_bf16) norm_fn;
 typedef __typeof__(&add_rms_norm_bf16) add_norm_fn;
 typedef __typeof__(&qk_norm_rope_bf16) rope_fn;
 typedef __typeof__(&decode_attention_bf16) attn_fn;
+typedef __typeof__(&decode_attention_q8) attn_q8_fn;
 typedef __typeof__(&gelu_tanh_mul_bf16) gelu_fn;
 
 typedef struct decode_fns {
@@ -34,6 +46,7 @@ typedef struct decode_fns {
     rope_fn rope;
     attn_fn attn;
     gelu_fn gelu;
+    attn_q8_fn attn_q8; /* for int8 caches, or NULL */
 } fns_t;
 
 typedef struct { /* an int8 weight in tile order (q8.py), [n, k] */
@@ -46,9 +59,11 @@ typedef struct { /* an int8 weight in tile order (q8.py), [n, k] */
 typedef struct decode_layer {
     q8w_t qkv, o, gate_up, down;
     const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
-    uint16_t *k_pool, *v_pool; /* [S, KVH, D] */
-    uint16_t *kw_pool, *vw_pool; /* the prefix cache's window pages, or NULL */
-    int64_t kind;              /* which `kind_t` of the step: 0 sliding, 1 full */
+    void *k_pool, *v_pool;   /* [S, KVH, D]: bf16, or int8 with kv_blocks scales */
+    void *kw_pool, *vw_pool; /* the prefix cache's window pages, or NULL */
+    float *k_scale, *v_scale, *kw_scale, *vw_scale; /* int8: [S, KVH, kv_blocks] */
+    int64_t kv_blocks;       /* scales a slot's KV head has; 0: a bf16 cache */
+    int64_t kind;            /* which `kind_t` of the step: 0 sliding, 1 full */
 } layer_t;
 
 typedef struct decode_kind { /* per attention kind, for this step */
@@ -65,6 +80,44 @@ typedef struct decode_bufs { /* scratch, each [m, its width] bf16 */
     uint16_t *h, *qkv, *q, *k, *attn, *o, *gu, *act, *down;
 } bufs_t;
 
+
+/* x [n] bf16 in nsc blocks as memory/kv_quant.py's int8 `quantize` stores them: a block's
+ * scale max|x| / 127, its values round(x / scale) (half to even) in [-127, 127]; IEEE
+ * float32 division and rounding either way, so the vectors give the scalar loop's bytes */
+static void quantize(const uint16_t *x, int64_t n, int64_t nsc, int8_t *q, float *scales) {
+    const int64_t bs = n / nsc;
+    for (int64_t blk = 0; blk < nsc; blk++) {
+        const uint16_t *xb = x + blk * bs;
+        int8_t *qb = q + blk * bs;
+#ifdef __AVX512F__
+        if (bs % 16 == 0) {
+            __m512 mv = _mm512_setzero_ps();
+            for (int64_t i = 0; i < bs; i += 16) mv = _mm512_max_ps(mv, _mm512_abs_ps(load_bf16(xb + i)));
+            const float s = _mm512_reduce_max_ps(mv) / 127.0f;
+            const __m512 div = _mm512_set1_ps(s > FLT_MIN ? s : FLT_MIN);
+            for (int64_t i = 0; i < bs; i += 16) {
+                __m512 y = _mm512_roundscale_ps(_mm512_div_ps(load_bf16(xb + i), div),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+                _mm_storeu_si128((__m128i *)(qb + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y)));
+            }
+            scales[blk] = s;
+            continue;
+        }
+#endif
+        float m = 0.0f, f[ATTN_MAX_DIM];
+        for (int64_t i = 0; i < bs; i++) {
+            f[i] = bf16_to_f32(xb[i]);
+            m = fmaxf(m, fabsf(f[i]));
+        }
+        const float s = m / 127.0f, div = s > FLT_MIN ? s : FLT_MIN;
+        for (int64_t i = 0; i < bs; i++) {
+            const float y = rintf(f[i] / div);
+            qb[i] = (int8_t)(y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y);
+        }
+        scales[blk] = s;
+    }
+}
 
 static double now(void) {
     struct timespec t;
@@ -102,19 +155,40 @@ int decode_layers(const struct decode_fns *f, const struct decode_layer *layers,
                 m, heads, kv_heads, head_dim, eps, threads);
         STOP(DECODE_NORMS);
         for (int64_t r = 0; r < m; r++) { /* the cache write: index_copy_ of k and v */
+            const uint16_t *kr = b->k + r * kvs, *vr = b->qkv + r * qkv_n + qs + kvs;
             const int64_t s = kd->write_slots[r];
-            memcpy(L->k_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
-            memcpy(L->v_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs, (size_t)kvs * 2);
+            if (L->kv_blocks) {
+                const int64_t nsc = kv_heads * L->kv_blocks;
+                quantize(kr, kvs, nsc, (int8_t *)L->k_pool + s * kvs, L->k_scale + s * nsc);
+                quantize(vr, kvs, nsc, (int8_t *)L->v_pool + s * kvs, L->v_scale + s * nsc);
+            } else {
+                memcpy((uint16_t *)L->k_pool + s * kvs, kr, (size_t)kvs * 2);
+                memcpy((uint16_t *)L->v_pool + s * kvs, vr, (size_t)kvs * 2);
+            }
         }
         for (int64_t j = 0; L->kw_pool && j < kd->num_page_writes; j++) { /* write-through */
             const int64_t r = kd->page_rows[j], s = kd->page_slots[j];
-            memcpy(L->kw_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
-            memcpy(L->vw_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs, (size_t)kvs * 2);
+            if (L->kv_blocks) { /* the bytes and scales just stored at the row's slot */
+                const int64_t from = kd->write_slots[r], nsc = kv_heads * L->kv_blocks;
+                memcpy((int8_t *)L->kw_pool + s * kvs, (int8_t *)L->k_pool + from * kvs, (size_t)kvs);
+                memcpy((int8_t *)L->vw_pool + s * kvs, (int8_t *)L->v_pool + from * kvs, (size_t)kvs);
+                memcpy(L->kw_scale + s * nsc, L->k_scale + from * nsc, sizeof(float) * (size_t)nsc);
+                memcpy(L->vw_scale + s * nsc, L->v_scale + from * nsc, sizeof(float) * (size_t)nsc);
+            } else {
+                memcpy((uint16_t *)L->kw_pool + s * kvs, b->k + r * kvs, (size_t)kvs * 2);
+                memcpy((uint16_t *)L->vw_pool + s * kvs, b->qkv + r * qkv_n + qs + kvs,
+                       (size_t)kvs * 2);
+            }
         }
         START();
-        if ((rc = f->attn(b->q, qs, L->k_pool, L->v_pool, kd->key_slots, kd->mask, NULL,
-                          b->attn, m, heads, kv_heads, head_dim, kd->keys, scale, threads)))
-            return rc;
+        if (L->kv_blocks)
+            rc = f->attn_q8(b->q, qs, L->k_pool, L->v_pool, L->k_scale, L->v_scale,
+                            kd->key_slots, kd->mask, NULL, b->attn, m, heads, kv_heads, head_dim,
+                            L->kv_blocks, kd->keys, scale, threads);
+        else
+            rc = f->attn(b->q, qs, L->k_pool, L->v_pool, kd->key_slots, kd->mask, NULL, b->attn,
+                         m, heads, kv_heads, head_dim, kd->keys, scale, threads);
+        if (rc) return rc;
         STOP(DECODE_ATTENTION);
         Q8(L->o, b->attn, b->o);
         START();

@@ -1,8 +1,9 @@
 """A decode step's decoder layers in one C call (`decode.c`) for Gemma-3-shaped layers:
 the same kernels as the Python layers, in the same order, so the same bits, without the
 Python and torch between them. A leaf: the structs decode.c reads (weights, norms and
-cache buffers by address, per attention kind the step's slots, masks and RoPE rows), the
-entry points it calls, and the call. models/fused_decode.py fills them from a model.
+cache buffers by address, bf16 or int8 with their scales; per attention kind the step's
+slots, masks and RoPE rows), the entry points it calls, and the call.
+models/fused_decode.py fills them from a model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class Fns(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu")]
+    _fields_ = [(name, _P) for name in ("q8", "norm", "add_norm", "rope", "attn", "gelu",
+                                        "attn_q8")]
 
 
 class Q8W(ctypes.Structure):
@@ -28,8 +30,9 @@ class LayerPtrs(ctypes.Structure):
     _fields_ = ([(name, Q8W) for name in ("qkv", "o", "gate_up", "down")]
                 + [(name, _P) for name in ("attn_norm", "q_norm", "k_norm", "post_attn_norm",
                                            "ffn_norm", "post_ffn_norm", "k_pool", "v_pool",
-                                           "kw_pool", "vw_pool")]
-                + [("kind", _I)])
+                                           "kw_pool", "vw_pool", "k_scale", "v_scale",
+                                           "kw_scale", "vw_scale")]
+                + [("kv_blocks", _I), ("kind", _I)])
 
 
 class KindPtrs(ctypes.Structure):
@@ -58,12 +61,13 @@ TILE_KERNELS = q8.TILE_ENTRIES
 
 def entry_points(tile_kernel: str) -> Fns | None:
     """The kernels decode.c calls, with `tile_kernel` (a key of TILE_KERNELS) for the matmuls;
-    None when one of them (or decode.c itself) cannot be built here."""
+    None when one of them (or decode.c itself) cannot be built here. `attn_q8` (int8
+    caches) is 0 where attention_q8.c cannot be built."""
     fns = [TILE_KERNELS[tile_kernel](), norm.norm_entry(), norm.add_norm_entry(),
            norm.rope_entry(), attention.entry(), gelu.entry()]
     if _entry() is None or any(fn is None for fn in fns):
         return None
-    return Fns(*(address(fn) for fn in fns))
+    return Fns(*(address(fn) for fn in fns), address(attention.q8_entry()) or 0)
 
 
 def heads_fit(heads: int, kv_heads: int, head_dim: int) -> bool:

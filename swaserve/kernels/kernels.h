@@ -80,6 +80,9 @@ int decode_attention_q8(const uint16_t *q, int64_t q_stride, const int8_t *k, co
                         const uint8_t *mask, const float *sinks, uint16_t *out, int64_t b,
                         int64_t h, int64_t kvh, int64_t d, int64_t nb, int64_t l, float scale,
                         int threads);
+/* attention_q8.c: 1 when decode_attention_q8 takes heads of d dims in nb blocks with its
+   int16 products (AVX-512 VNNI, blocks of 32, d a multiple of 64), else 0 (float32) */
+int decode_attention_q8_int16(int64_t d, int64_t nb);
 /* attention.c: prompt attention (AVX-512 BF16): q [n, H, D], k and v [L, KVH, D], mask
    [n, L] bytes (1 = attend) or NULL (causal: query i sees keys 0 .. L - n + i), sinks [H]
    float or NULL, out [n, H, D]; all bf16. 0 on success, -1 for shapes not taken, -2

@@ -3,8 +3,9 @@ kernel for kernel, in one C call): this side reads a model's layers, its attenti
 backend's cache and a step's ForwardContext, and fills the structs the kernel takes.
 
 `FusedDecode.run` returns None for any step it does not take — not a pure decode step,
-a kernel missing, weights without int8 tiles, batch-invariant row blocks — and the model
-then runs its layers one by one (tests/models/test_fused_decode.py: the same bits either way).
+a kernel missing, weights without int8 tiles, batch-invariant row blocks, an fp8 cache — and
+the model then runs its layers one by one (tests/models/test_fused_decode.py: the same bits
+either way; with an int8 cache too, tests/models/test_kv_quant_contracts.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,29 @@ import torch
 from swaserve import profile
 from swaserve.kernels import decode
 from swaserve.memory.layout import LayerKind
+
+
+def _cache_ptrs(pool, pages, dense: int, q8_attention: bool
+                ) -> tuple[dict[str, int], list[torch.Tensor]] | None:
+    """A layer's LayerPtrs fields for its pool's buffers (and its window pages', or None):
+    bf16, or int8 with their scales where attention_q8.c is built; None for any other
+    (fp8: no kernel reads it in place). With them, the tensors they point into."""
+    bufs = {"k_pool": pool.k[dense], "v_pool": pool.v[dense]}
+    int8 = bufs["k_pool"].dtype == torch.int8
+    if bufs["k_pool"].dtype != torch.bfloat16 and not (int8 and q8_attention):
+        return None
+    if int8:
+        bufs.update(k_scale=pool.k_scale[dense], v_scale=pool.v_scale[dense])
+    if pages is not None:
+        bufs.update(kw_pool=pages.k[dense], vw_pool=pages.v[dense])
+        if int8:
+            bufs.update(kw_scale=pages.k_scale[dense], vw_scale=pages.v_scale[dense])
+    if not all(t.is_contiguous() for t in bufs.values()):
+        return None
+    ptrs = {name: t.data_ptr() for name, t in bufs.items()}
+    if int8:
+        ptrs["kv_blocks"] = bufs["k_scale"].shape[2]
+    return ptrs, list(bufs.values())
 
 
 class FusedDecode:
@@ -34,9 +58,10 @@ class FusedDecode:
         names = ("qkv", "o", "gate_up", "down")
         if any(not all(n in layer.q8 and layer.q8[n].tiled for n in names) for layer in layers):
             return False
-        if (decode.entry_points("amx") is None
-                or not decode.heads_fit(self.heads, self.kv_heads, self.head_dim)):
+        fns = decode.entry_points("amx")
+        if fns is None or not decode.heads_fit(self.heads, self.kv_heads, self.head_dim):
             return False
+        q8_attention = bool(fns.attn_q8)
         self._keep = []  # tensors whose addresses the structs hold
         self._weight = layers[0].q8["qkv"]
         # per tile kernel: q8_vnni reads the packed values where a weight has them
@@ -46,9 +71,9 @@ class FusedDecode:
             full = kind is LayerKind.FULL
             pool = backend.cache.full if full else backend.cache.window
             dense = backend.layout.dense_index(i)
-            k_pool, v_pool = pool.k[dense], pool.v[dense]
-            if not (k_pool.is_contiguous() and v_pool.is_contiguous()
-                    and k_pool.dtype == torch.bfloat16):
+            pages = backend.cache.window_pages if not full else None
+            cache = _cache_ptrs(pool, pages, dense, q8_attention)
+            if cache is None:
                 return False
             weights = {kernel: {} for kernel in arrs}
             for n in names:
@@ -65,19 +90,10 @@ class FusedDecode:
                 if p is None or p.dtype != torch.float32 or not p.is_contiguous():
                     return False
                 norms[n] = p.data_ptr()
-            pages = backend.cache.window_pages if not full else None
-            kw = vw = None
-            if pages is not None:
-                kw, vw = pages.k[dense], pages.v[dense]
-                if not (kw.is_contiguous() and vw.is_contiguous()):
-                    return False
+            ptrs, keep = cache
             for kernel, arr in arrs.items():
-                arr[i] = decode.LayerPtrs(**weights[kernel], **norms, k_pool=k_pool.data_ptr(),
-                                          v_pool=v_pool.data_ptr(),
-                                          kw_pool=None if kw is None else kw.data_ptr(),
-                                          vw_pool=None if vw is None else vw.data_ptr(),
-                                          kind=int(full))
-            self._keep += [k_pool, v_pool, kw, vw]
+                arr[i] = decode.LayerPtrs(**weights[kernel], **norms, **ptrs, kind=int(full))
+            self._keep += keep
         self._layers = arrs
         return True
 

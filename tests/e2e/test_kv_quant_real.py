@@ -64,3 +64,29 @@ def test_quantized_cache_logits_stay_near_the_bf16_caches(cases, kv):
     agree = sum(next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
                 for (_, ta), (_, tb) in zip(ref, got))
     assert agree >= 0.5 * 16 * len(prompts), agree
+
+
+def test_int8_cache_fused_decode_gives_the_layer_by_layer_bits(cases):
+    """Heads of 256 in blocks of 32: the fused step's quantization and the int8 kernel's
+    int16 path on the real model, against the layers run one by one."""
+    from swaserve.engine.engine import Engine
+    from swaserve.sampling.params import SamplingParams
+
+    gguf, prompts, _ = cases
+    eng = Engine(model=gguf, dtype="bfloat16", kv_cache_dtype="int8", kv_memory="512MiB",
+                 max_running_requests=4, prefix_cache=False)
+    runs = []
+    for on in (True, False):
+        eng.model.fused_decode = on
+        eng.logits_log = []
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        reqs = [eng.add_request(p, params)[0] for p in prompts[2:]]
+        while eng.has_unfinished():
+            eng.step()
+        if on:
+            assert eng.model.fused_decode_steps >= 10
+        runs.append([(r.output_token_ids, [lg for rid, _, lg in eng.logits_log
+                                           if rid == r.request_id]) for r in reqs])
+    for (ta, la), (tb, lb) in zip(*runs, strict=True):
+        assert ta == tb and len(la) == len(lb) == 12
+        assert all(torch.equal(a, b) for a, b in zip(la, lb))

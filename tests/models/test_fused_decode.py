@@ -124,14 +124,15 @@ def test_fused_layers_decline_what_they_do_not_run(tiny_hybrid):
     assert steps == 0 and prefill_only.model.fused_decode_steps == 0  # consulted, ran none
 
 
-def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybrid):
-    """With the prefix cache, every token's sliding-layer k/v also goes to its window page;
-    a follow-up turn that hits the tokens decoded by the fused call reads them back: the
-    same bits as an engine that ran its layers one by one."""
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybrid, kv):
+    """With the prefix cache, every token's sliding-layer k/v (int8: values and scales)
+    also goes to its window page; a follow-up turn that hits the tokens decoded by the
+    fused call reads them back: the same bits as an engine that ran its layers one by one."""
     runs = []
     for on in (True, False):
         eng = tiny_engine(tiny_hybrid[0], dtype="bfloat16", prefix_cache=True,
-                          max_running_requests=2)
+                          max_running_requests=2, kv_cache_dtype=kv)
         use_int8_copies(eng)
         eng.model.fused_decode = on
         eng.logits_log = []
@@ -151,10 +152,35 @@ def test_fused_layers_write_through_to_the_prefix_caches_window_pages(tiny_hybri
     assert all(torch.equal(x, y) for x, y in zip(la, lb))
 
 
-def test_a_quantized_kv_cache_decodes_layer_by_layer(tiny_hybrid):
-    """The fused call reads bf16 caches only: with kv_cache_dtype int8 it declines every
-    step and the layers run one by one, with the bits they have without it."""
-    eng = bf16_engine_with_int8_weights(tiny_hybrid[0], kv_cache_dtype="int8")
+@pytest.mark.parametrize("batch", [3, 13])
+def test_an_int8_kv_cache_takes_the_fused_step_with_the_layer_by_layer_bits(tiny_hybrid, batch):
+    """With kv_cache_dtype int8 the fused call quantizes the new k and v as
+    memory/kv_quant.py does and attends with the int8 kernel: every pure decode step runs
+    there, with the logits and the cache bytes and scales of the layers run one by one."""
+    prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(batch)]
+    runs = []
+    for on in (True, False):
+        eng = bf16_engine_with_int8_weights(tiny_hybrid[0], kv_cache_dtype="int8",
+                                            max_running_requests=batch)
+        eng.model.fused_decode = on
+        eng.logits_log = []
+        params = SamplingParams(temperature=0, max_tokens=2 * W, ignore_eos=True)
+        reqs = [eng.add_request(p, params)[0] for p in prompts]
+        drive(eng)
+        assert (eng.model.fused_decode_steps or 0) >= (2 * W - 2 if on else 0)
+        pools = (eng.cache.full, eng.cache.window)
+        runs.append(([(r.output_token_ids, [lg for rid, _, lg in eng.logits_log
+                                            if rid == r.request_id]) for r in reqs],
+                     [t.clone() for pool in pools for t in pool.buffers()]))
+    (fused, cache_a), (plain, cache_b) = runs
+    assert_same_bits(fused, plain, 2 * W)
+    assert len(cache_a) == len(cache_b) and all(map(torch.equal, cache_a, cache_b))
+
+
+def test_an_fp8_kv_cache_decodes_layer_by_layer(tiny_hybrid):
+    """No kernel reads an fp8 cache in place: with kv_cache_dtype fp8_e4m3 the fused call
+    declines every step and the layers run one by one, with the bits they have without it."""
+    eng = bf16_engine_with_int8_weights(tiny_hybrid[0], kv_cache_dtype="fp8_e4m3")
     prompts = [random_prompt(3 + 5 * i, seed=i) for i in range(3)]
     fused, plain, steps = decode_runs(eng, prompts, 2 * W)
     assert steps == 0

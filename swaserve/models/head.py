@@ -229,8 +229,9 @@ class LMHead:
         """Tokens of `ctx.argmax_rows` (their argmaxes) and of `ctx.keyed`'s rows where the
         screen draws them (a step whose head takes q8_dpbf16), and the other rows' logits,
         each on the kernel the head's matmul takes for all the step's rows (a SPLIT
-        output); None where the head would not run them on a tile kernel, or no row got a
-        token (the caller computes every row's logits then)."""
+        output); None where the head would not run them on a tile kernel, on q8_vnni where
+        rows beside the greedy ones need logits, or where no row got a token (the caller
+        computes every row's logits then)."""
         head = self.q8
         kernel = head.kernel_for(x.shape[0], ctx.q8_kernel, any_rows=True)
         if kernel is None or not head.takes(x, ctx.q8_kernel):

@@ -35,7 +35,7 @@ def decode_run(llm: LLM, prompts, params: list[SamplingParams]) -> dict:
     time and the engine thread's own work per step."""
     eng = llm.engine
     host: list[float] = []
-    launch, post = eng._launch, eng.post.run
+    launch, post = eng.loop._launch, eng.post.run
 
     def timed(fn):
         def inner(*a):
@@ -46,7 +46,7 @@ def decode_run(llm: LLM, prompts, params: list[SamplingParams]) -> dict:
                 host.append(time.perf_counter() - t)
         return inner
 
-    eng._launch, eng.post.run = timed(launch), timed(post)
+    eng.loop._launch, eng.post.run = timed(launch), timed(post)
     reqs = [eng.add_request(p, sp)[0] for p, sp in zip(prompts, params)]
     while any(r.num_output_tokens == 0 for r in reqs):
         eng.step()
@@ -64,7 +64,7 @@ def decode_run(llm: LLM, prompts, params: list[SamplingParams]) -> dict:
     eng.settle()
     for r in reqs:
         eng.release(r.request_id)
-    eng._launch, eng.post.run = launch, post
+    eng.loop._launch, eng.post.run = launch, post
     # the engine thread's own work: without overlap, what the step spends outside the
     # forward and the sampler; with it, the time spent scheduling, preparing, postprocessing
     busy = (sum(host) / max(1, len(steps)) if eng.overlap else statistics.median(own))

@@ -163,20 +163,25 @@ def roomy_engine(path, **kw):
     return Engine(model=path, **kw)
 
 
-def run_logged(engine, prompts, max_tokens: int):
-    """Greedy runs of prompts to completion; per request (tokens, [logits at each sample]);
-    then the pools must be whole."""
+def run_logged(engine, prompts, params, *, check_integrity: bool = False):
+    """Runs of prompts to completion (`params`: SamplingParams, or a token count: greedy
+    runs of that many tokens, eos ignored); per request, each prompt's n in turn, (tokens,
+    [logits at each sample]); the pools checked after every step with `check_integrity`,
+    and whole at the end."""
     from swaserve.sampling.params import SamplingParams
 
     engine.logits_log = []
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    reqs = [engine.add_request(p, params)[0] for p in prompts]
-    drive(engine)
+    if isinstance(params, int):
+        params = SamplingParams(temperature=0, max_tokens=params, ignore_eos=True)
+    reqs = [r for p in prompts for r in engine.add_request(p, params)]
+    drive(engine, check_integrity=check_integrity)
     out = []
     for r in reqs:
         logs = [lg for rid, _, lg in engine.logits_log if rid == r.request_id]
         out.append((list(r.output_token_ids), logs))
     assert engine.cache.is_fully_free()
+    for r in reqs:
+        engine.release(r.request_id)
     engine.check_integrity()
     return out
 

@@ -30,7 +30,7 @@ def test_chunked_prefill_matches_one_shot_reference(tiny_hybrid, chunk):
     path, ref = tiny_hybrid
     prompt = random_prompt(4 * W + 5, seed=chunk)
     eng = roomy_engine(path, chunk_size=chunk)
-    [(tokens, logs)] = run_logged(eng, [prompt], max_tokens=3 * W)
+    [(tokens, logs)] = run_logged(eng, [prompt], 3 * W)
     full = prompt + tokens
     want = hf_logits(ref, full)
     for i, lg in enumerate(logs):
@@ -204,7 +204,7 @@ def test_a_long_fresh_chunk_attends_its_band_block_by_block(tiny_hybrid, monkeyp
     monkeypatch.setattr(backend, "attend", spy)
     path, ref = tiny_hybrid
     prompt = random_prompt(4 * W + 5, seed=block)
-    [(tokens, logs)] = run_logged(roomy_engine(path, chunk_size=64), [prompt], max_tokens=W)
+    [(tokens, logs)] = run_logged(roomy_engine(path, chunk_size=64), [prompt], W)
     assert (block, block + W - 1) in shapes  # a block of queries over its band's keys
     want = hf_logits(ref, prompt + tokens)
     for i, lg in enumerate(logs):

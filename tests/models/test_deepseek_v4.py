@@ -15,7 +15,15 @@ import pytest
 from swaserve import SamplingParams
 from swaserve.checkpoint.config import ModelConfig
 from swaserve.memory.planner import plan_memory
-from tests.conftest import TEST_DEVICE, drive, hf_greedy, hf_logits, random_prompt, tiny_engine
+from tests.conftest import (
+    TEST_DEVICE,
+    drive,
+    hf_greedy,
+    hf_logits,
+    random_prompt,
+    run_logged,
+    tiny_engine,
+)
 from tests.conftest import TINY_WINDOW as W
 from tests.helpers.checkpoints import write_byte_bpe_tokenizer, write_tiny_deepseek_v4
 
@@ -58,16 +66,8 @@ def engine(path, **kw):
 
 
 def run(eng, prompts, params):
-    """Each request's (tokens, sampled logits rows), the pools whole afterwards."""
-    eng.logits_log = []
-    reqs = [r for p in prompts for r in eng.add_request(p, params)]
-    drive(eng, check_integrity=True)
-    out = [(r.output_token_ids, [lg for rid, _, lg in eng.logits_log if rid == r.request_id])
-           for r in reqs]
-    for r in reqs:
-        eng.release(r.request_id)
-    eng.check_integrity()
-    return out
+    """`run_logged` with the pools checked after every step."""
+    return run_logged(eng, prompts, params, check_integrity=True)
 
 
 def worst(ref, prompt, tokens, logs) -> float:

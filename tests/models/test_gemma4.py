@@ -27,6 +27,7 @@ from tests.conftest import (
     tiny_engine,
 )
 from tests.conftest import TINY_WINDOW as W
+from tests.conftest import run_logged as run
 from tests.engine.test_prompt_logprobs import check_against
 from tests.helpers.checkpoints import write_byte_bpe_tokenizer, write_tiny_gemma4
 
@@ -54,19 +55,6 @@ def moe(tmp_path_factory):
 @pytest.fixture(params=["shared", "plain", "moe"])
 def gemma4(request):
     return request.getfixturevalue(request.param)
-
-
-def run(eng, prompts, params):
-    """Each request's (tokens, sampled logits rows), the pools whole afterwards."""
-    eng.logits_log = []
-    reqs = [r for p in prompts for r in eng.add_request(p, params)]
-    drive(eng)
-    out = [(r.output_token_ids, [lg for rid, _, lg in eng.logits_log if rid == r.request_id])
-           for r in reqs]
-    for r in reqs:
-        eng.release(r.request_id)
-    eng.check_integrity()
-    return out
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

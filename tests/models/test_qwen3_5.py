@@ -27,6 +27,7 @@ from tests.conftest import (
     drive,
     hf_logits,
     random_prompt,
+    run_logged,
     run_logging_logits,
     tiny_engine,
 )
@@ -56,16 +57,8 @@ def engine(path, **kw):
 
 
 def run(eng, prompts, params):
-    """Each request's (tokens, sampled logits rows), the pools whole afterwards."""
-    eng.logits_log = []
-    reqs = [r for p in prompts for r in eng.add_request(p, params)]
-    drive(eng, check_integrity=True)
-    out = [(r.output_token_ids, [lg for rid, _, lg in eng.logits_log if rid == r.request_id])
-           for r in reqs]
-    for r in reqs:
-        eng.release(r.request_id)
-    eng.check_integrity()
-    return out
+    """`run_logged` with the pools checked after every step."""
+    return run_logged(eng, prompts, params, check_integrity=True)
 
 
 def max_err(logs, want, offset):

@@ -96,9 +96,9 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
     """A bf16 engine with an int8 LM head, a batch mixing plain greedy rows with seeded
     sampling, top-k and logprob rows (9 rows shrinking to 1): the greedy rows' tokens come
     from the head's argmaxes and the others' from their own logits (a SPLIT HeadOutput), each on
-    the kernel the whole step's head would take, so every request's tokens and logprobs
-    are those of the path that computes every row's logits (taken when logits are
-    logged)."""
+    the kernel the whole step's head would take (on q8_vnni's rows every row's logits, one
+    pass over the head), so every request's tokens and logprobs are those of the path that
+    computes every row's logits (taken when logits are logged)."""
     from swaserve.engine.engine import Engine
     from swaserve.models.head import LMHead
     from swaserve.sampling.params import SamplingParams
@@ -140,5 +140,8 @@ def test_greedy_rows_beside_sampled_rows_take_argmaxes_with_the_same_tokens(tmp_
 
     fast = run(False)
     assert (3, 9) in splits  # rows 0, 4, 8 greedy beside 6 that are not
+    # q8_vnni's steps (the last 4 rows: greedy row 8 beside three that are not) take every
+    # row's logits in one pass over the head, no split
+    assert all(rows > 4 for _, rows in splits)
     splits.clear()
     assert run(True) == fast and not splits

@@ -81,18 +81,32 @@ def available() -> bool:
     return matvec_entry() is not None
 
 
+def probe_block(vnni: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(values, scales, flags) of one tile block of 16 outputs x 32 inputs, every value 1
+    and every scale 0.5 (a float16), as `Q8Weight.to_tiles()` lays it out: the same in any
+    order, and for q8_vnni in its 5-bit packing (each byte two nibbles of 1 + 16, then a
+    word of fifth bits per input pair)."""
+    flags = build.constants()["Q8_F16_SCALES"]
+    scales = torch.full((TILE_N,), 0.5, dtype=torch.float16)
+    if not vnni:
+        return torch.ones(TILE_N * 32, dtype=torch.int8), scales, flags
+    nibbles = torch.full((256,), 0x11, dtype=torch.uint8)
+    fifths = torch.full((64,), 0xFF, dtype=torch.uint8)
+    values = torch.cat([nibbles, fifths]).view(torch.int8)
+    return values, scales, flags | build.constants()["Q8_PACK5"]
+
+
 def _works(fn, tolerance: float = 0.0) -> bool:
     """Whether tile kernel `fn` runs here and multiplies right (one real product, within
     `tolerance` of 16)."""
     if fn is None:
         return False
-    from swaserve.kernels.q8_weight import BLOCK, Q8Weight  # which imports this module
-
-    w = Q8Weight(torch.ones(TILE_N, BLOCK, dtype=torch.int8),
-                 torch.full((TILE_N, 1), 0.5)).to_tiles()
+    q, scales, flags = probe_block(fn is vnni_entry())
+    x = torch.ones(1, 32, dtype=torch.bfloat16)
     y = torch.empty(1, TILE_N)
-    return w._run_tiles(fn, torch.ones(1, BLOCK, dtype=torch.bfloat16), y) is y and bool(
-        ((y - 16.0).abs() <= tolerance).all())
+    rc = fn(x.data_ptr(), q.data_ptr(), scales.data_ptr(), 0, flags, y.data_ptr(), 1, TILE_N,
+            32, torch.get_num_threads())
+    return rc == 0 and bool(((y - 16.0).abs() <= tolerance).all())
 
 
 def amx_available() -> bool:

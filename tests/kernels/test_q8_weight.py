@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swaserve.kernels import q8
-from swaserve.kernels.q8_weight import Q8Weight
+from swaserve.kernels.q8_weight import BLOCK, Q8Weight
 from tests.conftest import k_quant_blocks, q8_0_blocks, weight_from
 from tests.kernels.conftest import random_weight
 
@@ -126,3 +126,15 @@ def test_vnni_reads_q5_0_and_q4_k_packed_with_the_same_bits(kind):
         want = t.matmul(x, kernel="vnni")
         t.packed = keep
         assert torch.equal(got, want), m
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_probe_block_is_the_tiled_weight_of_ones(vnni):
+    """q8.py's availability probe lays out its block by hand (q8.py cannot import
+    Q8Weight, which imports it): the same bytes and flags as Q8Weight gives the kernel."""
+    w = Q8Weight(torch.ones(q8.TILE_N, BLOCK, dtype=torch.int8),
+                 torch.full((q8.TILE_N, 1), 0.5)).to_tiles()
+    values, flags = w.tiles_for("vnni" if vnni else "amx")
+    q, scales, probe_flags = q8.probe_block(vnni)
+    assert torch.equal(q.view(torch.uint8), values.reshape(-1).view(torch.uint8))
+    assert torch.equal(scales, w.scales.reshape(-1)) and probe_flags == flags

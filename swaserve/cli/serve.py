@@ -212,7 +212,6 @@ def ray_app(args: dict[str, str]):
     """The application builder for `serve run swaserve.cli.serve:ray_app model=PATH
     data_parallel_size=2 routing=prefix ...`: keys are `swaserve serve`'s flags (with
     underscores), values as on its command line ("true"/"false" for switches)."""
-    from swaserve.cli import build_parser
     from swaserve.ray.app import build_app
     from swaserve.ray.launch import APP_NAME, default_replica_cpus
 
@@ -223,7 +222,9 @@ def ray_app(args: dict[str, str]):
             argv.append(flag if str(value).lower() == "true" else "--no-" + flag[2:])
         else:
             argv += [flag, str(value)]
-    ns = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="swaserve")  # `serve` alone: cli/__init__ imports us
+    register(parser.add_subparsers(dest="command", required=True))
+    ns = parser.parse_args(argv)
     config = engine_config(ns)
     return build_app(config, server_options(ns), ns.data_parallel_size, ns.routing,
                      ns.replica_cpus or default_replica_cpus(config, ns.data_parallel_size),

@@ -50,7 +50,7 @@ from swaserve.engine.embedder import EmbedJob, build_embedder
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.forks import ForkGroups
 from swaserve.engine.intake import Intake
-from swaserve.engine.launch import Launched, StepCompute
+from swaserve.engine.launch import Launched, LogitsLog, StepCompute
 from swaserve.engine.output import OutputProcessor
 from swaserve.engine.postprocess import Postprocessor
 from swaserve.engine.request import Request
@@ -59,7 +59,7 @@ from swaserve.engine.sample_stage import SampleStage
 from swaserve.engine.scheduler import Scheduler
 from swaserve.engine.speculative import NgramSpeculator
 from swaserve.engine.stats import EngineStats, StepStats
-from swaserve.engine.step_loop import StepLoop
+from swaserve.engine.step_loop import StepLoop, StepParts
 from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import plan_kv
@@ -97,10 +97,6 @@ class Engine:
                                         self.max_model_len)
                          if self.tp is None and isinstance(self.model, CausalLM) else None)
         self.load_seconds = time.monotonic() - t0
-        self.last_step: StepStats | None = None
-        # diagnostics: when a list, every sampled logits row is appended as
-        # (request_id, position, float32 logits); tests compare them to a reference
-        self.logits_log: list[tuple[str, int, torch.Tensor]] | None = None
         # EngineConfig.profile or SWASERVE_PROFILE=1: each part's time (swaserve/profile.py)
         self.profile = profile.start() if config.profile or profile.requested() else None
 
@@ -175,7 +171,10 @@ class Engine:
         # on a CPU the host work would take a core from the forward's threads
         self.overlap = (config.overlap if config.overlap is not None
                         else self.backend.overlaps_by_default(self.device) and self.tp is None)
-        self.loop = StepLoop(self, self.overlap)
+        parts = StepParts(self.scheduler, self.cache, self.model, self.device, self.runner,
+                          self.sample_stage, self.compute, self.post, self.forks,
+                          self.speculator, config.speculative_max_rows, self.check_integrity)
+        self.loop = StepLoop(parts, self.overlap)
         # not with overlap: the thread count would change while the worker runs a forward
         self.governor = (ThreadGovernor(threads) if config.adaptive_threads and threads > 1
                          and self.device.type == "cpu" and self.backend.torch_threads
@@ -187,6 +186,21 @@ class Engine:
         """Stop what this engine started beside its own thread (tensor-parallel ranks)."""
         if self.tp is not None:
             self.tp.close()
+
+    @property
+    def last_step(self) -> StepStats | None:
+        """The last step's figures; None when it had nothing to run."""
+        return self.loop.last_step
+
+    @property
+    def logits_log(self) -> LogitsLog | None:
+        """Diagnostics: when set to a list, every sampled logits row is appended to it as
+        (request_id, position, float32 logits); tests compare them to a reference."""
+        return self.loop.logits_log
+
+    @logits_log.setter
+    def logits_log(self, log: LogitsLog | None) -> None:
+        self.loop.logits_log = log
 
     @property
     def step_in_flight(self) -> Launched | None:

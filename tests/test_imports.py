@@ -140,3 +140,84 @@ ROUTER = "swaserve.ray.router:RoundRobinRouter"
         "a peer in its layer",
         "swaserve/server/example.py:3: server -> __init__ (swaserve): a layer above",
     ]
+
+
+def _module_files() -> dict[str, Path]:
+    return {_module_name(p): p for p in _modules()}
+
+
+def _resolve(module: str, files: dict[str, Path]) -> str | None:
+    """The swaserve module a name means: itself, or the nearest package above it that is one
+    (`swaserve.kernels.q8.matmul` -> `swaserve.kernels.q8`)."""
+    while module not in files:
+        if (PACKAGE.parent / module.replace(".", "/")).is_dir():
+            return None  # a folder without __init__.py: importing it runs nothing
+        module = module.rpartition(".")[0]
+    return module
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the swaserve modules it imports (every import: top, in a function, under
+    TYPE_CHECKING, named in a string); `from pkg import mod` names the module mod."""
+    files = _module_files()
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges: set[str] = set()
+        tree = ast.parse(path.read_text())
+        for _, module in imported_modules(path, tree):
+            if module == "swaserve" or module.startswith("swaserve."):
+                edges.add(_resolve(module, files))
+        for node in ast.walk(tree):  # `from swaserve.kernels import q8` imports q8.py
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                edges.update(f"{node.module}.{a.name}" for a in node.names
+                             if f"{node.module}.{a.name}" in files)
+        edges.discard(None)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -33,14 +33,18 @@ class KVLost(RuntimeError):
 class KVCache:
     def __init__(self, layout: CacheLayout, plan: MemoryPlan, max_model_len: int,
                  dtype: torch.dtype, device: torch.device | str, prefix_cache: bool = False,
-                 kv_device: torch.device | str | None = None, kv_cache_dtype: str = "auto"):
+                 kv_device: torch.device | str | None = None, kv_cache_dtype: str | None = None):
         """`kv_device`: where the K/V data lives, when not beside the index tables on
         `device`; "meta" when another array backend holds it (swaserve/mlx/cache.py): the
         pools then keep their shapes and byte counts, and `copy_log` their data moves.
-        `kv_cache_dtype`: how every pool stores K/V (memory/kv_quant.py)."""
+        `kv_cache_dtype`: how every pool stores K/V (memory/kv_quant.py), for a plan made
+        without a config; else the plan's format."""
         self.layout = layout
         self.dtype = dtype
-        self.kv_format = kv_format(kv_cache_dtype, dtype)
+        if kv_cache_dtype is None and plan.kv_format is not None:
+            self.kv_format = plan.kv_format
+        else:
+            self.kv_format = kv_format(kv_cache_dtype or "auto", dtype)
         self.plan = plan
         self.page_size = plan.page_size
         self.device = device

@@ -4,6 +4,10 @@ what they cost; `used_bytes` is what KVCache allocates for them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swaserve.memory.kv_quant import KVFormat
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,9 @@ class MemoryPlan:
     state_slot_bytes: int = 0
     draft_state_slots: int = 0
     state_checkpoint_slots: int = 0
+    # how the pools store K/V (`kv_cache_dtype`, made once by plan_kv); None: the compute
+    # dtype, for a plan made without a config
+    kv_format: KVFormat | None = None
 
     @property
     def full_pool_tokens(self) -> int:

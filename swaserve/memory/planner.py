@@ -19,6 +19,7 @@ heads: what a pool that holds every layer's state by token would reserve for it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -203,13 +204,14 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
         raise ValueError("kv_cache_dtype: a quantized KV cache is not available for models "
                          "with recurrent or compressed-attention layers (Qwen3.5, DeepSeek-V4)")
     fmt = kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype])
-    return plan_memory(layout, budget, fmt.value_bytes,
+    plan = plan_memory(layout, budget, fmt.value_bytes,
                        chunk_size=config.step_tokens, page_size=config.page_size,
                        max_model_len=max_model_len,
                        max_running_requests=config.max_running_requests,
                        window_cache_bytes=window_cache,
                        draft_state_slots=config.draft_state_slots,
                        state_cache_bytes=state_cache, scale_bytes=fmt.scale_bytes)
+    return dataclasses.replace(plan, kv_format=fmt)  # the caches built from it store this
 
 
 def _free_memory_bytes(device: torch.device) -> int:

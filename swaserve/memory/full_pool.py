@@ -50,7 +50,7 @@ class FullKVPool(KVBuffers, Pool):
         """Each stored full layer's K/V a token; a row's req-to-token row (int64 slots)."""
         per_token = sum(layout.layers[i].kv_bytes_per_token(sizing.dtype_bytes, sizing.scale_bytes)
                         for i in layout.full_layers)
-        return Costs(token=per_token, row=8 * sizing.max_model_len)
+        return Costs(token=per_token, row=8 * sizing.max_model_len if layout.paged else 0)
 
     @classmethod
     def create(cls, layout: CacheLayout, plan: MemoryPlan, env: PoolEnv) -> FullKVPool:

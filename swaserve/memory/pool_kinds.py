@@ -19,5 +19,6 @@ def declared_kinds(layout: CacheLayout) -> list[type[Pool]]:
 
 
 def plan_costs(layout: CacheLayout, sizing: Sizing) -> Costs:
-    """The costs of every pool `layout` declares, summed."""
-    return sum((kind.costs(layout, sizing) for kind in declared_kinds(layout)), Costs())
+    """The costs of every pool kind, summed (one that `layout` does not declare costs
+    nothing, as `sizing` comes from the layout: no ring without sliding layers)."""
+    return sum((kind.costs(layout, sizing) for kind in POOL_KINDS), Costs())

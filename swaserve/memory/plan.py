@@ -3,7 +3,7 @@ what they cost; `used_bytes` is what KVCache allocates for them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ class MemoryPlan:
     draft_state_slots: int = 0
     state_checkpoint_slots: int = 0
     # how the pools store K/V (`kv_cache_dtype`, made once by plan_kv); None: the compute
-    # dtype, for a plan made without a config
-    kv_format: KVFormat | None = None
+    # dtype, for a plan made without a config. Plans compare by their sizes alone.
+    kv_format: KVFormat | None = field(default=None, compare=False)
 
     @property
     def full_pool_tokens(self) -> int:

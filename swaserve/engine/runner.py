@@ -156,7 +156,7 @@ class ModelRunner:
         written to (the window pool's SlotWrites.pages), or None when no token writes one."""
         idx, wslots, offset = [], [], 0
         for s in order:
-            offs, sl = self.cache.window_write_slots(s.request.row, s.start, s.num_tokens)
+            offs, sl = self.cache.window.write_slots(s.request.row, s.start, s.num_tokens)
             idx.extend(offset + o for o in offs)
             wslots.extend(sl)
             offset += s.num_tokens
@@ -181,10 +181,10 @@ class ModelRunner:
             saves = []
             if not s.draft:  # prefix-cache checkpoints (none inside a drafted decode)
                 req, end = s.request, s.start + s.num_tokens
-                at = self.cache.checkpoint_positions(
+                at = pool.checkpoint_positions(
                     lambda n, r=req: r.tokens(0, min(n, r.num_known_tokens)), s.start, end,
-                    req.num_prompt_tokens)
-                for pos, slot in self.cache.take_checkpoints(row, at) if at else ():
+                    req.num_prompt_tokens, self.cache.checkpoint_interval)
+                for pos, slot in pool.take_checkpoints(row, at) if at else ():
                     if pos == end:
                         after.append((slot, row))
                     else:

@@ -55,12 +55,13 @@ class KVCache:
         self.pools: list[Pool] = [kind.create(layout, plan, env) for kind in declared_kinds(layout)]
         for pool in self.pools:
             self.rows.register_on_alloc_rows(pool.reset_rows)
-        # each kind by name, for the code that reads its address scheme (None: not declared)
-        named = {pool.kind: pool for pool in self.pools}
-        self.full: FullKVPool | None = named.get("full")
-        self.window: WindowPool | None = named.get("window")
-        self.state: StatePool | None = named.get("state")
-        self.compress: CompressPool | None = named.get("compress")
+        # the pools by kind, for the code that reads a kind's address scheme (None: not
+        # declared); the kinds of today also as typed attributes
+        self.by_kind: dict[str, Pool] = {pool.kind: pool for pool in self.pools}
+        self.full: FullKVPool | None = self.pool("full")
+        self.window: WindowPool | None = self.pool("window")
+        self.state: StatePool | None = self.pool("state")
+        self.compress: CompressPool | None = self.pool("compress")
         self.prefix: PrefixCache | None = None
         parts = [pool.prefix_parts() for pool in self.pools]
         if prefix_cache and all(part is not None for part in parts):
@@ -68,10 +69,16 @@ class KVCache:
                                       **{k: v for part in parts for k, v in part.items()})
             for pool in self.pools:
                 pool.prefix = self.prefix
-        self.checkpoint_interval = 0  # tokens between two state checkpoints (set by the engine)
+        # tokens between two state checkpoints (StatePool.checkpoint_positions; the engine
+        # sets it)
+        self.checkpoint_interval = 0
         # tensor parallelism: the KV copies made outside a forward (forks, prefix hits), in
         # order, for the other ranks to replay on their shards before the next forward
         self.copy_log: list[Copy] | None = None
+
+    def pool(self, kind: str) -> Pool | None:
+        """The pool of `kind` (`Pool.kind`), None where the layout declares none."""
+        return self.by_kind.get(kind)
 
     @property
     def window_pages(self) -> WindowPagePool | None:
@@ -143,11 +150,6 @@ class KVCache:
         for pool in self.pools:
             self._copies(pool.discard(row, start, end))
 
-    def window_write_slots(self, row: int, start: int, n: int) -> tuple[list[int], list[int]]:
-        """(offsets within [start, start + n), window-page slots) for the positions of a row
-        that have a window page to write through to."""
-        return self.window.write_slots(row, start, n)
-
     # -- sharing -------------------------------------------------------------------------
     def fork_row(self, src: int, num_tokens: int) -> int | None:
         """A new row holding the same first `num_tokens` tokens as `src`: whole full-pool
@@ -170,29 +172,6 @@ class KVCache:
             copies += got
         self._copies(copies)
         return row
-
-    def checkpoint_positions(self, tokens, start: int, end: int, prompt_len: int) -> list[int]:
-        """Positions in (start, end] after which a row computing positions [start, end)
-        takes a state checkpoint: every `checkpoint_interval` tokens and the prompt's last
-        page boundaries (those before its last token, where the same prompt hits, and at its
-        end, where a longer one does), unless the tree holds one there already. `tokens(n)`
-        gives the first n tokens (those known, where fewer are)."""
-        if self.prefix is None or self.state is None:
-            return []
-        p, every = self.page_size, self.checkpoint_interval
-        ends = {(prompt_len - 1) // p * p, prompt_len // p * p}
-        first = -(-(start + 1) // p) * p
-        at = [pos for pos in range(first, end + 1, p)
-              if pos in ends or (every and pos % every == 0)]
-        if not at:
-            return []
-        known = tokens(at[-1])
-        return [pos for pos in at
-                if not (pos <= len(known) and self.prefix.has_state_at(known[:pos]))]
-
-    def take_checkpoints(self, row: int, positions: list[int]) -> list[tuple[int, int]]:
-        """StatePool.take_checkpoints."""
-        return self.state.take_checkpoints(row, positions)
 
     def match_prefix(self, tokens: list[int]) -> Match | None:
         if self.prefix is None:

@@ -73,8 +73,9 @@ class PoolEnv:
 
 
 class Pool:
-    """One kind of per-request state. Every method but `declared`, `costs` and `create`
-    has a default that does nothing, for a pool that holds nothing of that concern."""
+    """One kind of per-request state. Every method but `declared`, `costs`, `create` and
+    `pool_bytes` has a default that does nothing, for a pool that holds nothing of that
+    concern."""
 
     # the name KVCache keeps the pool under (`KVCache.full`, `.window`, `.state`, ...)
     kind: ClassVar[str]

@@ -153,6 +153,26 @@ class StatePool(Pool):
     def checkpoint_slot(self, page: int) -> int:
         return self.checkpoint_base + page
 
+    def checkpoint_positions(self, tokens, start: int, end: int, prompt_len: int,
+                             every: int) -> list[int]:
+        """Positions in (start, end] after which a row computing positions [start, end)
+        takes a checkpoint: every `every` tokens and the prompt's last page boundaries
+        (those before its last token, where the same prompt hits, and at its end, where a
+        longer one does), unless the tree holds one there already; none without a prefix
+        tree. `tokens(n)` gives the first n tokens (those known, where fewer are)."""
+        if self.prefix is None:
+            return []
+        p = self.prefix.page_size
+        ends = {(prompt_len - 1) // p * p, prompt_len // p * p}
+        first = -(-(start + 1) // p) * p
+        at = [pos for pos in range(first, end + 1, p)
+              if pos in ends or (every and pos % every == 0)]
+        if not at:
+            return []
+        known = tokens(at[-1])
+        return [pos for pos in at
+                if not (pos <= len(known) and self.prefix.has_state_at(known[:pos]))]
+
     def take_checkpoints(self, row: int, positions: list[int]) -> list[tuple[int, int]]:
         """Checkpoint slots for the state of `row` after each of `positions` (the row holds
         them until it is freed), dropping least recently used ones of the tree where the

@@ -43,8 +43,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     budget = config.kv_memory_bytes
     dtype_bytes = DTYPE_BYTES[config.dtype]
 
-    compute = TORCH_DTYPES[config.dtype]
-    fmt = kv_format(config.kv_cache_dtype, compute)
+    fmt = kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype])
 
     def accounting(lay, fmt: KVFormat = fmt) -> dict:
         acc = compare_accounting(lay, budget, fmt.value_bytes, context=context,
@@ -56,7 +55,6 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
 
     shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers
               if spec.conv_state is None}
-    dtype_bytes = DTYPE_BYTES[config.dtype]
     rec = layout.recurrent_layers
     recurrent = None
     if rec:  # per-request state beside the KV (Qwen3.5's Gated DeltaNet layers)
@@ -93,7 +91,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         "recurrent": recurrent,
         "accounting": accounting(layout),
         # a quantized cache beside the compute dtype's, the same budget
-        "unquantized_accounting": (accounting(layout, kv_format("auto", compute))
+        "unquantized_accounting": (accounting(layout, kv_format("auto", TORCH_DTYPES[config.dtype]))
                                    if config.kv_cache_dtype != "auto" else None),
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())

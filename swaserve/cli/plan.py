@@ -9,7 +9,7 @@ import json
 
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.config import DTYPE_BYTES, TORCH_DTYPES, EngineConfig
-from swaserve.memory.kv_quant import kv_format
+from swaserve.memory.kv_quant import KVFormat, kv_format
 from swaserve.memory.planner import compare_accounting, recurrent_history_bytes_per_token
 
 PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
@@ -43,8 +43,9 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     budget = config.kv_memory_bytes
     dtype_bytes = DTYPE_BYTES[config.dtype]
 
-    def accounting(lay, kv_cache_dtype: str = config.kv_cache_dtype) -> dict:
-        fmt = kv_format(kv_cache_dtype, TORCH_DTYPES[config.dtype])
+    fmt = kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype])
+
+    def accounting(lay, fmt: KVFormat = fmt) -> dict:
         acc = compare_accounting(lay, budget, fmt.value_bytes, context=context,
                                  chunk_size=config.step_tokens, page_size=config.page_size,
                                  max_running_requests=config.max_running_requests,
@@ -54,7 +55,6 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
 
     shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers
               if spec.conv_state is None}
-    dtype_bytes = DTYPE_BYTES[config.dtype]
     rec = layout.recurrent_layers
     recurrent = None
     if rec:  # per-request state beside the KV (Qwen3.5's Gated DeltaNet layers)
@@ -69,7 +69,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
-        "kv_cache_dtype": kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype]).name,
+        "kv_cache_dtype": fmt.name,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
         "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
                    # layers that read another layer's KV and store none (Gemma 4)
@@ -91,7 +91,7 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         "recurrent": recurrent,
         "accounting": accounting(layout),
         # a quantized cache beside the compute dtype's, the same budget
-        "unquantized_accounting": (accounting(layout, "auto")
+        "unquantized_accounting": (accounting(layout, kv_format("auto", TORCH_DTYPES[config.dtype]))
                                    if config.kv_cache_dtype != "auto" else None),
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())

@@ -156,7 +156,7 @@ def worker_main(rank: int, size: int, config: EngineConfig, address: str, port: 
     model = load_model(config, dtype, device, group).model
     _, plan, max_model_len, prefix_cache = group.broadcast()
     cache = KVCache(model.cfg.cache_layout(), plan, max_model_len, dtype, device,
-                    prefix_cache=prefix_cache, kv_cache_dtype=config.kv_cache_dtype)
+                    prefix_cache=prefix_cache)  # rank 0's plan: its KV format too
     model.attn = SDPABackend(cache)
     with torch.inference_mode():
         while True:

@@ -126,8 +126,7 @@ class Engine:
                             self.prefix_cache, self.model.pending_bytes)
         log.info(self.plan.describe())
         self.cache = KVCache(self.layout, self.plan, self.max_model_len, self.dtype, self.device,
-                             prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device,
-                             kv_cache_dtype=config.kv_cache_dtype)
+                             prefix_cache=self.prefix_cache, kv_device=self.backend.kv_device)
         p = config.page_size  # recurrent state checkpoints: at whole pages
         self.cache.checkpoint_interval = -(-config.state_checkpoint_interval // p) * p
         self.model = self.backend.model(self.model, self.cache, self.source)

@@ -28,6 +28,7 @@ from swaserve.models.context import (
     PromptScore,
     RecurrentBatch,
     RecurrentSeq,
+    SlotWrites,
 )
 from swaserve.models.head import HeadOutput
 from swaserve.profile import timed
@@ -85,14 +86,7 @@ class ModelRunner:
         ids, pos, rows, fill_dst, fill_src = self._inputs(order, pending)
         positions = self._t(pos)
         rows_t = self._t(rows)
-        full_slots = ring_slots = None
-        if self.cache.full is not None:
-            full_slots = self.cache.rows.req_to_token[rows_t, positions]
-        if self.cache.window is not None:
-            ring_slots = rows_t * self.cache.window.ring + positions % self.cache.window.ring
-            # record positions first: every sliding layer writes these slots before it reads
-            self.cache.window.positions[ring_slots] = positions
-        window_write = self._window_write(order) if self.cache.window_pages is not None else None
+        pools = self._pool_views(order, rows_t, positions)
         groups: list[AttnGroup] = []
         if decodes:
             groups.append(self._decode_group(decodes))
@@ -107,12 +101,9 @@ class ModelRunner:
             if s.sample:  # a draft's every row: each of its tokens is checked
                 sampled.append(s)
                 logit_rows.extend(range(offset - 1 - len(s.draft), offset))
-        ctx = ForwardContext(self._t(ids), positions, full_slots, ring_slots, groups,
-                             self._t(logit_rows), window_write,
+        ctx = ForwardContext(self._t(ids), positions, groups, self._t(logit_rows), pools,
                              INVARIANT_ROW_BLOCK if self.batch_invariant else None,
                              q8.prompt_kernel() if prefills else None)
-        if self.cache.state is not None:
-            ctx.recurrent = self._recurrent(order)
         scored = self._score_rows(order, ctx)
         fill = (self._t(fill_dst), self._t(fill_src)) if fill_dst else None
         return PreparedBatch(ctx, sampled, scored, fill)
@@ -141,13 +132,31 @@ class ModelRunner:
             rows.extend([s.request.row] * s.num_tokens)
         return ids, pos, rows, fill_dst, fill_src
 
+    def _pool_views(self, order: list[ScheduledSeq], rows: torch.Tensor,
+                    positions: torch.Tensor) -> dict[str, SlotWrites | RecurrentBatch]:
+        """Each pool's view of the step (ForwardContext.pools): the full pool's and the
+        rings' slots of the new tokens (with the window pages they are written through
+        to), the recurrent layers' runs."""
+        cache, views = self.cache, {}
+        if cache.full is not None:
+            views["full"] = SlotWrites(cache.rows.req_to_token[rows, positions])
+        if cache.window is not None:
+            ring_slots = rows * cache.window.ring + positions % cache.window.ring
+            # record positions first: every sliding layer writes these slots before it reads
+            cache.window.positions[ring_slots] = positions
+            pages = self._window_write(order) if cache.window_pages is not None else None
+            views["window"] = SlotWrites(ring_slots, pages)
+        if cache.state is not None:
+            views["state"] = self._recurrent(order)
+        return views
+
     def _window_write(self, order: list[ScheduledSeq]
                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Paged sliding-window KV: the step's token indices and the page slots they are
-        written to (ForwardContext.window_write), or None when no token writes one."""
+        written to (the window pool's SlotWrites.pages), or None when no token writes one."""
         idx, wslots, offset = [], [], 0
         for s in order:
-            offs, sl = self.cache.window_write_slots(s.request.row, s.start, s.num_tokens)
+            offs, sl = self.cache.window.write_slots(s.request.row, s.start, s.num_tokens)
             idx.extend(offset + o for o in offs)
             wslots.extend(sl)
             offset += s.num_tokens
@@ -172,10 +181,10 @@ class ModelRunner:
             saves = []
             if not s.draft:  # prefix-cache checkpoints (none inside a drafted decode)
                 req, end = s.request, s.start + s.num_tokens
-                at = self.cache.checkpoint_positions(
+                at = pool.checkpoint_positions(
                     lambda n, r=req: r.tokens(0, min(n, r.num_known_tokens)), s.start, end,
-                    req.num_prompt_tokens)
-                for pos, slot in self.cache.take_checkpoints(row, at) if at else ():
+                    req.num_prompt_tokens, self.cache.checkpoint_interval)
+                for pos, slot in pool.take_checkpoints(row, at) if at else ():
                     if pos == end:
                         after.append((slot, row))
                     else:

@@ -20,10 +20,17 @@ Rings are reset only through the alloc-row hook (`reset_rows`) and copied on for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from swaserve.memory.layout import CacheLayout, CompressSpec
+from swaserve.memory.pool import Copy, Costs, Pool, PoolEnv, Sizing
+from swaserve.memory.window_pool import restore_slots
+
+if TYPE_CHECKING:
+    from swaserve.memory.plan import MemoryPlan
+    from swaserve.memory.prefix_cache import Match
 
 EMPTY = -1
 
@@ -68,10 +75,16 @@ def compress_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
                for i in layout.compressed_layers)
 
 
-class CompressPool:
+class CompressPool(Pool):
+    kind = "compress"
+
     def __init__(self, layout: CacheLayout, num_rows: int, num_slots: int, page_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str,
+                 index_device: torch.device | str | None = None):
         self.num_rows = num_rows
+        self.page_size = page_size
+        self.window = layout.max_window
+        self.index_device = index_device or device  # where the rings' positions are indexed from
         self.layers: dict[int, CompressState] = {}
         for i in layout.compressed_layers:
             spec = layout.layers[i].compress
@@ -89,6 +102,48 @@ class CompressPool:
                 buf(ring, spec.index_width), buf(ring, spec.index_width),
                 buf(entries, spec.index_head_dim))
 
+    @classmethod
+    def declared(cls, layout: CacheLayout) -> bool:
+        return bool(layout.compressed_layers)
+
+    @classmethod
+    def costs(cls, layout: CacheLayout, sizing: Sizing) -> Costs:
+        """Entries and indexer keys a token, a row's rings, a cached token's raw state."""
+        b = sizing.dtype_bytes
+        return Costs(token=compress_bytes_per_token(layout, b), row=compress_row_bytes(layout, b),
+                     cached_token=compress_page_bytes_per_token(layout, b))
+
+    @classmethod
+    def create(cls, layout: CacheLayout, plan: MemoryPlan, env: PoolEnv) -> CompressPool:
+        pool = cls(layout, plan.num_rows, plan.full_pool_pages * plan.page_size, plan.page_size,
+                   env.dtype, env.kv_device, env.device)
+        if env.prefix_cache and layout.sliding_layers and plan.window_cache_pages:
+            # cached tokens' compress state beside their window pages
+            longest = max(layout.layers[i].compress.needed for i in layout.compressed_layers)
+            if longest > layout.max_window:  # a hit restores W positions
+                raise ValueError(f"prefix_cache: a compressed layer needs {longest} raw "
+                                 "tokens at a hit, more than the window "
+                                 f"{layout.max_window} the hit restores; turn it off")
+            pool.add_pages(plan.window_cache_pages * plan.page_size)
+        return pool
+
+    def pool_bytes(self) -> int:
+        return self.nbytes()
+
+    def fork(self, src: int, dst: int, num_tokens: int) -> list[Copy] | None:
+        self.copy_row(src, dst)
+        return []
+
+    def discard(self, row: int, start: int, end: int) -> list[Copy]:
+        if end > start:
+            self.forget(row, start, end)
+        return []
+
+    def copied(self, dst_space: str, dst: torch.Tensor, src_space: str,
+               src: torch.Tensor) -> None:
+        if dst_space == src_space == "full":  # entries are paged with the full pool's pages
+            self.copy_entries(dst, src)
+
     def add_pages(self, num_slots: int) -> None:
         """Buffers for the raw state of cached tokens, at the prefix cache's window-page
         slots."""
@@ -101,9 +156,11 @@ class CompressPool:
         return sum(t.numel() * t.element_size() for s in self.layers.values()
                    for t in s.ring_tensors() + s.entry_tensors() + (s.pages or []))
 
-    def restore(self, row: int, positions: torch.Tensor, page_slots: torch.Tensor) -> None:
-        """A prefix hit: the ring of `row` holds, for each layer, the last `span` of
-        `positions` (consecutive, ending at the hit), read from their window-page slots."""
+    def restore(self, row: int, match: Match) -> list[Copy]:
+        """A prefix hit: the ring of `row` holds, for each layer, the last `needed`
+        positions before the hit, read from their window-page slots."""
+        positions, page_slots = restore_slots(match, self.window, self.page_size,
+                                              self.index_device)
         for s in self.layers.values():
             span, need = s.spec.span, s.spec.needed
             pos, src = positions[-need:], page_slots[-need:]
@@ -111,6 +168,7 @@ class CompressPool:
             for ring, page in zip(s.ring_tensors()[1:], s.pages):
                 ring[dst] = page[src]
             s.positions[dst] = pos
+        return []
 
     def reset_rows(self, rows: list[int]) -> None:
         """Alloc hook: a new request's rings start empty (its entries are written before

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.config import KV_CACHE_DTYPES
-
 SCALE_DTYPE = torch.float32
 BLOCK = 32  # values a scale covers
 
@@ -52,16 +50,19 @@ class KVFormat:
         return torch.empty((), dtype=SCALE_DTYPE).element_size() if self.quantized else 0
 
 
+# the 8-bit formats by `kv_cache_dtype` name ("auto" is the compute dtype's); the names a
+# user may give are config.KV_CACHE_DTYPES, checked there
+QUANTIZED = {
+    "int8": KVFormat("int8", torch.int8, True, 127.0),
+    "fp8_e4m3": KVFormat("fp8_e4m3", torch.float8_e4m3fn, True, 448.0),
+}
+
+
 def kv_format(kv_cache_dtype: str, dtype: torch.dtype) -> KVFormat:
-    """The format `kv_cache_dtype` names for a model computing in `dtype`."""
+    """The format a validated `kv_cache_dtype` names for a model computing in `dtype`."""
     if kv_cache_dtype == "auto":
         return KVFormat(str(dtype).removeprefix("torch."), dtype, False)
-    if kv_cache_dtype == "int8":
-        return KVFormat("int8", torch.int8, True, 127.0)
-    if kv_cache_dtype == "fp8_e4m3":
-        return KVFormat("fp8_e4m3", torch.float8_e4m3fn, True, 448.0)
-    raise ValueError(f"kv_cache_dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, "
-                     f"got {kv_cache_dtype!r}")
+    return QUANTIZED[kv_cache_dtype]
 
 
 def quantize(x: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:

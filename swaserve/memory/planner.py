@@ -19,81 +19,30 @@ heads: what a pool that holds every layer's state by token would reserve for it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from swaserve.config import TORCH_DTYPES, EngineConfig, parse_bytes
-from swaserve.memory.compress_pool import (
-    compress_bytes_per_token,
-    compress_page_bytes_per_token,
-    compress_row_bytes,
-)
+from swaserve.memory.compress_pool import compress_row_bytes
 from swaserve.memory.kv_quant import kv_format
-from swaserve.memory.layout import CacheLayout
+from swaserve.memory.layout import CacheLayout, LayerKind
+from swaserve.memory.plan import MemoryPlan
+from swaserve.memory.pool import Sizing
+from swaserve.memory.pool_kinds import plan_costs
+from swaserve.memory.window_pool import sliding_bytes_per_token
 
 MAX_DEFAULT_ROWS = 256
 DEFAULT_KV_MEMORY = 1024**3
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    budget_bytes: int
-    num_rows: int
-    ring: int  # slots per row per sliding layer (0: no window pool)
-    page_size: int
-    full_pool_pages: int  # 0: no full pool
-    full_bytes_per_token: int
-    fixed_bytes_per_row: int
-    window_cache_pages: int = 0  # prefix cache: sliding-layer KV pages of cached tokens
-    window_bytes_per_token: int = 0
-    # the state pool (recurrent layers): one slot's bytes (each row's is in
-    # fixed_bytes_per_row), the slots for a speculative step's snapshots, and the prefix
-    # cache's state checkpoints
-    state_slot_bytes: int = 0
-    draft_state_slots: int = 0
-    state_checkpoint_slots: int = 0
-
-    @property
-    def full_pool_tokens(self) -> int:
-        return self.full_pool_pages * self.page_size
-
-    @property
-    def used_bytes(self) -> int:
-        return (self.num_rows * self.fixed_bytes_per_row
-                + self.full_pool_tokens * self.full_bytes_per_token
-                + self.window_cache_pages * self.page_size * self.window_bytes_per_token
-                + (self.draft_state_slots + self.state_checkpoint_slots)
-                * self.state_slot_bytes)
-
-    def describe(self) -> str:
-        gib = 1024**3
-        return (f"KV plan: budget {self.budget_bytes / gib:.2f} GiB -> {self.num_rows} request rows "
-                f"(ring {self.ring} slots, {self.fixed_bytes_per_row / 2**20:.1f} MiB each), "
-                f"full pool {self.full_pool_tokens} tokens in {self.full_pool_pages} pages of "
-                f"{self.page_size} ({self.full_bytes_per_token} B/token), prefix-cache window "
-                f"pages {self.window_cache_pages}"
-                + (f", recurrent state {self.state_slot_bytes / 2**20:.1f} MiB a row "
-                   f"(+{self.draft_state_slots} draft snapshots, "
-                   f"{self.state_checkpoint_slots} prefix checkpoints)"
-                   if self.state_slot_bytes else "")
-                + f"; uses {self.used_bytes / gib:.3f} GiB")
 
 
 def full_bytes_per_token(layout: CacheLayout, dtype_bytes: int, scale_bytes: int = 0) -> int:
     """KV bytes a token costs in the full layers that store it (each at its own shape; a
     layer that reuses another's KV costs nothing), in compressed entries (DeepSeek-V4's,
     paged with the full pool's pages at one per `rate` tokens); `scale_bytes` per KV head
-    when quantized."""
-    return (sum(layout.layers[i].kv_bytes_per_token(dtype_bytes, scale_bytes)
-                for i in layout.full_layers)
-            + compress_bytes_per_token(layout, dtype_bytes))
-
-
-def sliding_bytes_per_token(layout: CacheLayout, dtype_bytes: int, scale_bytes: int = 0) -> int:
-    """The same over the sliding layers that store KV."""
-    return sum(layout.layers[i].kv_bytes_per_token(dtype_bytes, scale_bytes)
-               for i in layout.sliding_layers)
+    when quantized: the pools' per-token costs."""
+    return plan_costs(layout, Sizing(dtype_bytes, scale_bytes)).token
 
 
 def recurrent_history_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> int:
@@ -110,16 +59,13 @@ def recurrent_history_bytes_per_token(layout: CacheLayout, dtype_bytes: int) -> 
 
 def fixed_bytes_per_row(layout: CacheLayout, ring: int, dtype_bytes: int,
                         max_model_len: int = 0, scale_bytes: int = 0) -> int:
-    """What one request row prepays: its rings, the ring slots' recorded positions (int64,
-    shared by all sliding layers), per-request layer state (a recurrent layer's conv window
-    and matrices), (with `max_model_len`) its req-to-token row of int64 full-pool slots, and
-    compressed layers' rings."""
-    state = sum(s.state_bytes(dtype_bytes) for s in layout.layers)
-    state += compress_row_bytes(layout, dtype_bytes)
-    positions = 8 * ring if ring else 0
-    table = 8 * max_model_len if layout.paged else 0
-    return (ring * sliding_bytes_per_token(layout, dtype_bytes, scale_bytes) + state + positions
-            + table)
+    """What one request row prepays in every pool (its rings and their recorded
+    positions, a recurrent layer's conv window and matrices, compressed layers' rings, and
+    with `max_model_len` its req-to-token row), and the state a layer declares beside its
+    KV that no pool holds (`LayerSpec.fixed_state_bytes`)."""
+    sizing = Sizing(dtype_bytes, scale_bytes, ring, max_model_len)
+    beside = sum(s.fixed_state_bytes for s in layout.layers if s.kind is not LayerKind.RECURRENT)
+    return plan_costs(layout, sizing).row + beside
 
 
 def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chunk_size: int,
@@ -131,18 +77,18 @@ def plan_memory(layout: CacheLayout, budget_bytes: int, dtype_bytes: int, *, chu
     recurrent layers also keeps `draft_state_slots` snapshots for speculative steps. K/V
     cost `dtype_bytes` a value and, quantized, `scale_bytes` a KV head. Raises ValueError
     when the budget cannot hold one request row plus one page of full KV."""
+    costs = plan_costs(layout, Sizing(dtype_bytes, scale_bytes))
     # a window page holds its tokens' sliding KV and, for compressed layers, their raw state
-    swa_bpt = (sliding_bytes_per_token(layout, dtype_bytes, scale_bytes)
-               + compress_page_bytes_per_token(layout, dtype_bytes))
+    swa_bpt = costs.cached_token
     window_pages = window_cache_bytes // (swa_bpt * page_size) if swa_bpt else 0
-    slot = layout.state_bytes_per_row(dtype_bytes)
+    slot = costs.slot
     drafts = draft_state_slots if slot else 0
     checkpoints = state_cache_bytes // slot if slot else 0
     budget_all = budget_bytes
     budget_bytes -= window_pages * swa_bpt * page_size + (drafts + checkpoints) * slot
     ring = layout.ring_size(chunk_size, page_size)
     fixed = fixed_bytes_per_row(layout, ring, dtype_bytes, max_model_len, scale_bytes)
-    per_token = full_bytes_per_token(layout, dtype_bytes, scale_bytes)
+    per_token = costs.token
     page_bytes = per_token * page_size
     if max_running_requests is None:
         # Give each row its ring plus a ring's worth of full-pool tokens on average.
@@ -258,13 +204,14 @@ def plan_kv(config: EngineConfig, layout: CacheLayout, max_model_len: int,
         raise ValueError("kv_cache_dtype: a quantized KV cache is not available for models "
                          "with recurrent or compressed-attention layers (Qwen3.5, DeepSeek-V4)")
     fmt = kv_format(config.kv_cache_dtype, TORCH_DTYPES[config.dtype])
-    return plan_memory(layout, budget, fmt.value_bytes,
+    plan = plan_memory(layout, budget, fmt.value_bytes,
                        chunk_size=config.step_tokens, page_size=config.page_size,
                        max_model_len=max_model_len,
                        max_running_requests=config.max_running_requests,
                        window_cache_bytes=window_cache,
                        draft_state_slots=config.draft_state_slots,
                        state_cache_bytes=state_cache, scale_bytes=fmt.scale_bytes)
+    return dataclasses.replace(plan, kv_format=fmt)  # the caches built from it store this
 
 
 def _free_memory_bytes(device: torch.device) -> int:

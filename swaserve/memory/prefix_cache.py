@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swaserve.memory.full_pool import PageAllocator
 from swaserve.memory.kv_quant import KVBuffers, KVFormat
 from swaserve.memory.layout import CacheLayout
+from swaserve.memory.pages import PageAllocator
 
 
 class WindowPagePool(KVBuffers):
@@ -82,8 +82,9 @@ class Match:
 
 
 class PrefixCache:
-    def __init__(self, page_size: int, window: int, has_full: bool, has_sliding: bool,
-                 full_alloc: PageAllocator | None, window_pool: WindowPagePool | None,
+    def __init__(self, page_size: int, window: int, has_full: bool = False,
+                 has_sliding: bool = False, full_alloc: PageAllocator | None = None,
+                 window_pool: WindowPagePool | None = None,
                  state_alloc: PageAllocator | None = None):
         self.page_size = page_size
         self.window = window

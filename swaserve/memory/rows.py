@@ -27,6 +27,11 @@ class RequestRows:
         self._hooks.append(hook)
 
     @property
+    def used_rows(self) -> set[int]:
+        """The rows in use (a copy)."""
+        return set(self._used)
+
+    @property
     def num_free(self) -> int:
         return len(self._free)
 

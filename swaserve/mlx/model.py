@@ -129,13 +129,13 @@ class MLXCausalLM:
         """Write the step's K/V into layer i's pool, then attend group by group."""
         mx = self.mx
         full = self.layout.layers[i].kind is LayerKind.FULL
-        name, slots = ("full", ctx.full_slots) if full else ("ring", ctx.ring_slots)
+        name, writes = ("full", ctx.view("full")) if full else ("ring", ctx.view("window"))
         ks, vs = self.kv.pools[name]
         j = self.dense[i]
-        s = self._index(slots)
+        s = self._index(writes.slots)
         ks[j][s], vs[j][s] = k, v
-        if not full and ctx.window_write is not None:
-            idx, wslots = (self._index(t) for t in ctx.window_write)
+        if not full and writes.pages is not None:
+            idx, wslots = (self._index(t) for t in writes.pages)
             wk, wv = self.kv.pools["window_pages"]
             wk[j][wslots], wv[j][wslots] = k[idx], v[idx]
         h, d = q.shape[1], q.shape[2]

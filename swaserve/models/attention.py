@@ -57,18 +57,18 @@ class SDPABackend:
         kind = spec.kind
         dense = self._dense[layer]
         if kind is LayerKind.FULL:
-            pool, slots = self.cache.full, ctx.full_slots
+            pool, writes = self.cache.full, ctx.view("full")
         else:
-            pool, slots = self.cache.window, ctx.ring_slots
+            pool, writes = self.cache.window, ctx.view("window")
         k_store, v_store = k, v
         if pool.kv_format.quantized:  # the step's own K/V read back as the pool gives them
             kv = StoredKV.of(torch.stack((k, v)), pool.kv_format)  # one call: half the ops
             k_store, v_store = kv[0], kv[1]
             k, v = kv.dequantize(k.dtype).unbind(0)
         if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
-            pool.write(dense, slots, k_store, v_store)
-        if kind is LayerKind.SLIDING and spec.stores_kv and ctx.window_write is not None:
-            idx, wslots = ctx.window_write
+            pool.write(dense, writes.slots, k_store, v_store)
+        if kind is LayerKind.SLIDING and spec.stores_kv and writes.pages is not None:
+            idx, wslots = writes.pages
             self.cache.window_pages.write(dense, wslots, k_store[idx], v_store[idx])
         num_heads, head_dim = q.shape[1], q.shape[2]
         gqa = num_heads != k.shape[1]

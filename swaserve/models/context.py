@@ -4,6 +4,8 @@ step by the model runner and passed explicitly to every layer.
 Tokens of the batch are flattened into `[T]`: decode rows first (one query each, attended as
 one padded group), then each prefill chunk as its own group. For every group and cache kind
 (full / sliding) a `KeyView` says where the keys come from and which ones each query sees.
+What each pool of per-request state takes of the step is its view in `ForwardContext.pools`,
+keyed by the pool's kind (memory/pool.py `Pool.kind`): a model reads the view of its kind.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 
 if TYPE_CHECKING:
     from swaserve.memory.state_pool import StatePool
-    from swaserve.models.head import KeyedRows
 
 
 @dataclass
@@ -102,15 +103,39 @@ class RecurrentBatch:
 
 
 @dataclass
+class SlotWrites:
+    """Where a pool of KV takes the step's new tokens: its slots, one per token of the
+    flattened batch, and (the window pool's prefix-cache pages) the token indices and page
+    slots it also writes them through to."""
+
+    slots: torch.Tensor  # [T]
+    pages: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class KeyedRows:
+    """Logits rows whose token is the keyed Gumbel-max of their logits at a temperature, and
+    nothing else of them is read (sampling/rows.py `keyed_rows`): the token is
+    argmax_t float32(logit_t / temperature) + g(prefix, t), g from kernels/murmur.py."""
+
+    rows: list[int]  # increasing
+    temperature: torch.Tensor  # float32 [R], > 0
+    prefix: torch.Tensor  # int64 [R]: murmur.row_prefix of each row's seed and position
+
+
+PoolView = SlotWrites | RecurrentBatch
+
+
+@dataclass
 class ForwardContext:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    full_slots: torch.Tensor | None  # [T] full-pool slots the new tokens are written to
-    ring_slots: torch.Tensor | None  # [T] window-pool slots the new tokens are written to
     groups: list[AttnGroup]
     logits_indices: torch.Tensor  # [S] rows of the flattened batch whose logits are sampled
-    # prefix cache: (token indices, window-page slots) the sliding layers also write through to
-    window_write: tuple[torch.Tensor, torch.Tensor] | None = None
+    # each pool's view of the step by pool kind: "full" and "window" SlotWrites, "state" a
+    # RecurrentBatch; absent where the model has no such pool, and every one in an encoder
+    # forward (its groups are whole prompts that keep nothing)
+    pools: dict[str, PoolView] = field(default_factory=dict)
     # batch-invariant mode: matmuls in blocks of at most this many rows (layers.linear)
     row_block: int | None = None
     # the int8 kernel (Q8Weight.matmul): None picks by row count (pure decode steps);
@@ -129,6 +154,7 @@ class ForwardContext:
     # rows that sample by a temperature alone with keyed noise, one row per logits row: the
     # head may return their tokens too (SPLIT) where it finds them without their logits
     keyed: KeyedRows | None = None
-    # recurrent layers' runs and state slots (None: no recurrent layer, or an encoder
-    # forward, whose groups are whole prompts from a zero state that keep nothing)
-    recurrent: RecurrentBatch | None = None
+
+    def view(self, kind: str) -> PoolView | None:
+        """The step's view of the pool of `kind`, None where there is none."""
+        return self.pools.get(kind)

@@ -76,9 +76,10 @@ class Attention(nn.Module):
         q = rope(q, cos[:, None], sin[:, None])
         kv = rope(self.kv_norm(self.kv_proj(x)), cos, sin)
         dense = cache.layout.dense_index(self.index)
-        cache.window.write(dense, ctx.ring_slots, kv[:, None], kv[:, None])
-        if ctx.window_write is not None:  # the prefix cache's copy of the sliding KV
-            idx, wslots = ctx.window_write
+        writes = ctx.view("window")
+        cache.window.write(dense, writes.slots, kv[:, None], kv[:, None])
+        if writes.pages is not None:  # the prefix cache's copy of the sliding KV
+            idx, wslots = writes.pages
             cache.window_pages.write(dense, wslots, kv[idx, None], kv[idx, None])
         state = cache.compress.layers[self.index] if self.compressed else None
         if state is not None:
@@ -110,8 +111,9 @@ class Attention(nn.Module):
         projected = []
         for k, (branch, *_) in enumerate(branches):
             kv, gate = branch.kv_proj(x), branch.gate_proj(x)
-            if ctx.window_write is not None and state.pages is not None:
-                idx, slots = ctx.window_write
+            pages = ctx.view("window").pages
+            if pages is not None and state.pages is not None:
+                idx, slots = pages
                 state.pages[2 * k][slots] = kv[idx].to(state.pages[0].dtype)
                 state.pages[2 * k + 1][slots] = gate[idx].to(state.pages[0].dtype)
             projected.append((kv, gate))
@@ -336,7 +338,7 @@ class DeepseekV4ForCausalLM(CausalLM):
 
 def _sequences(ctx: ForwardContext, ring: int) -> list[Seq]:
     out = []
-    starts = ctx.ring_slots.tolist()
+    starts = ctx.view("window").slots.tolist()
     first = ctx.positions.tolist()
     for g in ctx.groups:
         for b in range(g.batch):

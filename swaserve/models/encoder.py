@@ -84,7 +84,7 @@ class Encoder:
             start += n
         ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(len(p), device=self.device) for p in prompts])
-        ctx = ForwardContext(ids, positions, None, None, groups,
+        ctx = ForwardContext(ids, positions, groups,
                              logits_indices=torch.empty(0, dtype=torch.long, device=self.device))
         hidden = self.model.encode(ctx, self.attn)
         return list(hidden.split([len(p) for p in prompts]))

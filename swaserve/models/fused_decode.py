@@ -126,13 +126,15 @@ class FusedDecode:
         kinds = (decode.KindPtrs * 2)()
         keep = []  # the tensors whose addresses `kinds` holds, alive through the call
         page_rows = page_slots = None
-        if ctx.window_write is not None:
-            page_rows, page_slots = (t.contiguous() for t in ctx.window_write)
+        window, full = ctx.view("window"), ctx.view("full")
+        if window is not None and window.pages is not None:
+            page_rows, page_slots = (t.contiguous() for t in window.pages)
             keep += [page_rows, page_slots]
-        for kind, (view, write, sliding) in enumerate(((g.sliding, ctx.ring_slots, True),
-                                                      (g.full, ctx.full_slots, False))):
+        for kind, (view, writes, sliding) in enumerate(((g.sliding, window, True),
+                                                       (g.full, full, False))):
             if view is None:
                 continue
+            write = writes.slots
             if view.fresh or view.key_slots is None or view.key_slots.dtype != torch.int64:
                 return None
             cos, sin = rope[sliding]

@@ -26,7 +26,7 @@ from swaserve.kernels.q8 import head_vnni_rows
 from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.kernels.screen import MIN_TEMPERATURE, HeadScreen
 from swaserve.kernels.screen import VNNI_ROWS as SCREEN_VNNI_ROWS
-from swaserve.models.context import ForwardContext
+from swaserve.models.context import ForwardContext, KeyedRows
 from swaserve.models.layers import linear
 from swaserve.profile import timed
 
@@ -34,17 +34,6 @@ log = logging.getLogger("swaserve")
 
 SCORE_ROWS = 64  # prompt rows scored per LM-head call: 64 x 262,144 floats is 64 MiB
 LOGITS_MIN_ROWS = 32  # the reused logits buffer holds at least this many rows
-
-
-@dataclass
-class KeyedRows:
-    """Logits rows whose token is the keyed Gumbel-max of their logits at a temperature, and
-    nothing else of them is read (sampling/rows.py `keyed_rows`): the token is
-    argmax_t float32(logit_t / temperature) + g(prefix, t), g from kernels/murmur.py."""
-
-    rows: list[int]  # increasing
-    temperature: torch.Tensor  # float32 [R], > 0
-    prefix: torch.Tensor  # int64 [R]: murmur.row_prefix of each row's seed and position
 
 
 class HeadKind(Enum):

@@ -14,8 +14,8 @@ Two kinds of layers, both with Qwen's (1 + w) RMSNorm (folded at load) and a SiL
   output times sigmoid(gate) before o_proj.
 
 Which runs of tokens a step feeds the recurrent layers, and from and into which state
-slots, comes from `ForwardContext.recurrent` (engine/runner.py). An encoder forward (no
-`recurrent`) takes each group as a whole prompt from a zero state and keeps nothing.
+slots, comes from the state pool's view of the step (`ForwardContext.view("state")`,
+engine/runner.py). An encoder forward (no such view) takes each group as a whole prompt from a zero state and keeps nothing.
 """
 
 from __future__ import annotations
@@ -161,10 +161,11 @@ class GatedDeltaLayer(nn.Module, MLPMixin):
         beta = b.sigmoid()
         g = -self.a_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         core = torch.empty(t, self.hv, self.dv, dtype=x.dtype, device=x.device)
-        if ctx.recurrent is None:
+        runs = ctx.view("state")
+        if runs is None:
             self._fresh(mixed, g, beta, core, ctx)
         else:
-            self._stateful(mixed, g, beta, core, ctx.recurrent)
+            self._stateful(mixed, g, beta, core, runs)
         o = self._gated_norm(core, z)
         x, h = add_rms_norm(x, self.project(o, "out", ctx), None, self.ffn_norm, self.eps)
         return x + self.mlp(h, ctx)

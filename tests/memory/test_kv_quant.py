@@ -132,3 +132,12 @@ def test_plan_puts_int8_beside_bf16_for_the_bundled_model():
     assert acc["ring"]["max_concurrent_requests"] == GIB // per_req == 46
     assert bf16["ring"]["max_concurrent_requests"] == 26
     assert plan_report(EngineConfig(kv_memory="1GiB"))["unquantized_accounting"] is None
+
+
+def test_every_kv_cache_dtype_a_config_accepts_has_one_format():
+    from swaserve.config import KV_CACHE_DTYPES
+    from swaserve.memory.kv_quant import QUANTIZED
+
+    assert set(KV_CACHE_DTYPES) == {"auto", *QUANTIZED}
+    for name in KV_CACHE_DTYPES:
+        assert kv_format(name, torch.bfloat16).name == (name if name != "auto" else "bfloat16")

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from swaserve.checkpoint import gemma4_config, qwen3_5_config
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
+from swaserve.models.config import ModelConfig
+from swaserve.models.gemma4 import config as gemma4_config
+from swaserve.models.qwen3_5 import config as qwen3_5_config
 
 
 def vocab_shard(vocab_size: int, size: int) -> int:

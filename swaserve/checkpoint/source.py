@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 from swaserve.checkpoint.gguf_split import (

@@ -145,7 +145,7 @@ def worker_main(rank: int, size: int, config: EngineConfig, address: str, port: 
     from swaserve.checkpoint.source import resolve_model
     from swaserve.memory.kv_cache import KVCache
     from swaserve.models.attention import SDPABackend
-    from swaserve.models.loading import load_model
+    from swaserve.checkpoint.loading import load_model
 
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

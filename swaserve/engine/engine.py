@@ -64,7 +64,7 @@ from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import plan_kv
 from swaserve.models.base import CausalLM
-from swaserve.models.loading import load_model
+from swaserve.checkpoint.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq

@@ -19,11 +19,11 @@ from swaserve.mlx.quant import QuantizedLinear, quantized
 from swaserve.mlx.step import StepGraph
 from swaserve.models.base import CausalLM
 from swaserve.models.context import ForwardContext
-from swaserve.models.gemma3 import Gemma3Layer
-from swaserve.models.gpt_oss import GptOssLayer
+from swaserve.models.gemma3.model import Gemma3Layer
+from swaserve.models.gpt_oss.model import GptOssLayer
 from swaserve.models.head import HeadOutput
 from swaserve.models.layers import rope_cos_sin
-from swaserve.models.llama import DecoderLayer
+from swaserve.models.llama.model import DecoderLayer
 
 
 def _family(layer) -> str:

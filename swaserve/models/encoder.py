@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.checkpoint.sentence import DenseLayer, SentenceModules
 from swaserve.models.attention import attend
 from swaserve.models.context import AttnGroup, ForwardContext, KeyView

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 
 

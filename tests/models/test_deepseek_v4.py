@@ -13,7 +13,7 @@ import json
 import pytest
 
 from swaserve import SamplingParams
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.memory.planner import plan_memory
 from tests.conftest import (
     TEST_DEVICE,

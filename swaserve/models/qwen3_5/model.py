@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint import qwen3_5_config
-from swaserve.checkpoint.config import ModelConfig
-from swaserve.models import gated_delta
+from swaserve.models.qwen3_5 import config as qwen3_5_config
+from swaserve.models.config import ModelConfig
+from swaserve.models.qwen3_5 import gated_delta
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.context import ForwardContext, RecurrentBatch

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.checkpoint.shard import local_config, sharded_weights
 from swaserve.checkpoint.source import ModelLoadError, ModelSource, resolve_model
 from swaserve.checkpoint.tokenizer import Tokenizer, load_tokenizer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.context import ForwardContext

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.context import ForwardContext

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
 from swaserve.models.context import ForwardContext

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
+from swaserve.models.config import ModelConfig
 from swaserve.models.base import CausalLM
-from swaserve.models.compressor import (
+from swaserve.models.deepseek_v4.compressor import (
     Branch,
     Indexer,
     Lin,
@@ -33,7 +33,7 @@ from swaserve.models.compressor import (
     update_branch,
 )
 from swaserve.models.context import ForwardContext
-from swaserve.models.deepseek_v4_moe import MoE
+from swaserve.models.deepseek_v4.moe import MoE
 from swaserve.models.layers import rope_inv_freq
 
 

@@ -8,8 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from swaserve.checkpoint import deepseek_v4_config, gemma4_config, qwen3_5_config
 from swaserve.memory.layout import CacheLayout, CompressSpec, LayerKind, LayerSpec
+from swaserve.models.deepseek_v4 import config as deepseek_v4_config
+from swaserve.models.gemma4 import config as gemma4_config
+from swaserve.models.qwen3_5 import config as qwen3_5_config
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from swaserve import SamplingParams
-from swaserve.models.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
+from swaserve.models.config import ModelConfig
 from tests.conftest import (
     TEST_DEVICE,
     drive,

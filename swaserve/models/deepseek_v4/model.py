@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.models.config import ModelConfig
 from swaserve.models.base import CausalLM
+from swaserve.models.config import ModelConfig
+from swaserve.models.context import ForwardContext
 from swaserve.models.deepseek_v4.compressor import (
     Branch,
     Indexer,
@@ -32,7 +33,6 @@ from swaserve.models.deepseek_v4.compressor import (
     rope,
     update_branch,
 )
-from swaserve.models.context import ForwardContext
 from swaserve.models.deepseek_v4.moe import MoE
 from swaserve.models.layers import rope_inv_freq
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from swaserve.models.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext
 from swaserve.models.layers import linear, rms_norm, rows_in_blocks
 from swaserve.models.weight_map import HF_QKV, HF_TOP, WeightMap

@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.models.qwen3_5 import config as qwen3_5_config
-from swaserve.models.config import ModelConfig
-from swaserve.models.qwen3_5 import gated_delta
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext, RecurrentBatch
 from swaserve.models.layers import add_rms_norm, apply_rope, linear, rms_norm, rope_inv_freq
+from swaserve.models.qwen3_5 import config as qwen3_5_config
+from swaserve.models.qwen3_5 import gated_delta
 from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap
 
 # Qwen's RMSNorm multiplies by (1 + w): these hold the full multiplier (folded at load)

@@ -28,8 +28,6 @@ import torch
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
 from swaserve.models.config import ModelConfig
-from swaserve.models.gemma4 import config as gemma4_config
-from swaserve.models.qwen3_5 import config as qwen3_5_config
 
 
 def vocab_shard(vocab_size: int, size: int) -> int:
@@ -41,13 +39,9 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The shapes one rank builds; raises ValueError naming what does not split."""
     if size == 1:
         return cfg
-    if qwen3_5_config.is_qwen3_5(cfg.raw):
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (Gated DeltaNet layers, "
-                         "whose state would split by value head) runs on one rank only")
-    if cfg.layer_compress:
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (compressed attention, "
-                         "hyper-connections) runs on one rank only")
-    if not cfg.uniform_attention or gemma4_config.is_gemma4(cfg.raw):
+    if cfg.family is not None:
+        cfg.family.check_tensor_parallel(cfg, size)
+    if not cfg.uniform_attention:
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (per-layer head shapes, "
                          "KV shared across layers, per-layer inputs) runs on one rank only")
     h, kvh, inter = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size

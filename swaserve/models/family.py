@@ -1,0 +1,148 @@
+"""A model family's seam: what generic code may ask a family, and nothing else.
+
+A family is one package, `models/<family>/`: its typed config (HF and GGUF fields to one
+frozen dataclass, defaults and refusals by field), its GGUF metadata and tensor map, its
+network, whether it splits over tensor-parallel ranks and which backends run it. Its
+`__init__.py` holds one `Family` object, which models/registry.py lists; generic code reaches
+a family only through that object (or the typed config it built, `ModelConfig.spec`), never
+by its name.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from swaserve.models.config import ModelConfig
+
+Tensors = Iterable[tuple[str, "np.ndarray"]]
+
+
+class MLXLayer(enum.Enum):
+    """The layer forms the MLX backend (mlx/model.py) implements."""
+
+    PRE_NORM_SWIGLU = "pre_norm_swiglu"  # norm, attention, norm, SwiGLU MLP
+    SANDWICH_GEGLU = "sandwich_geglu"  # norms before and after attention and a GeGLU MLP
+    SINKS_MOE = "sinks_moe"  # attention with sinks, routed clamped-SwiGLU experts
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """A config dict as a family reads it: `hf` with its defaults filled in (kept as
+    `ModelConfig.raw`), the ModelConfig fields the family sets itself (per-layer shapes,
+    KV sources, compressed layers), and its typed config (`ModelConfig.spec`)."""
+
+    hf: dict[str, Any]
+    fields: dict[str, Any] = field(default_factory=dict)
+    spec: Any = None
+
+
+class Family(Protocol):
+    """What generic code asks a model family."""
+
+    name: str
+    # HF architecture names it runs -> the name it runs them as (a multimodal wrapper's
+    # text model)
+    architectures: Mapping[str, str]
+    # GGUF `general.architecture` values it reads -> the HF architecture they run as
+    gguf_architectures: Mapping[str, str]
+    # the MLX backend's form of its layers; None: torch only (its network's `runs_on_mlx`
+    # says the same, tests/models/test_families.py holds them equal)
+    mlx_layer: MLXLayer | None
+
+    def claims(self, hf: dict[str, Any]) -> bool:
+        """Whether the config dict is this family's (by architecture or model_type)."""
+        ...
+
+    def architecture(self, hf: dict[str, Any]) -> str:
+        """The architecture a config runs as (its text model's; one from the model_type
+        where it names none)."""
+        ...
+
+    def text_config(self, outer: dict[str, Any], inner: dict[str, Any]) -> dict[str, Any]:
+        """A multimodal checkpoint's text config (`inner`: its text_config with the outer
+        architectures), with whatever the family takes from the wrapper."""
+        ...
+
+    def read_config(self, hf: dict[str, Any]) -> FamilyConfig:
+        """The family's defaults, refusals, per-layer fields and typed config; ValueError
+        names a field it does not implement."""
+        ...
+
+    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
+        """ValueError when the family does not split over `size` ranks."""
+        ...
+
+    def model_class(self, architecture: str) -> type:
+        """The torch network (imported on first use: reading a config imports no torch)."""
+        ...
+
+    def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]:
+        """An HF config dict from a GGUF's metadata (gguf_meta's, with its tensor types)."""
+        ...
+
+    def tensors_from_gguf(self, arch: str, hf: dict[str, Any], tensors: Tensors
+                          ) -> Iterator[tuple[str, np.ndarray]]:
+        """(HF name, array in HF's layout) for dequantized GGUF tensors."""
+        ...
+
+    def permuted_heads(self, arch: str, name: str, hf: dict[str, Any]) -> int | None:
+        """How many heads llama.cpp permuted a GGUF tensor's rows over, or None."""
+        ...
+
+
+class FamilyBase:
+    """A family's defaults: claimed by its architecture names, no config of its own, one
+    torch network, no tensor parallelism refused beyond the generic checks, GGUF tensors
+    renamed with the shared layer names. A family subclasses it and overrides what differs."""
+
+    name = ""
+    architectures: Mapping[str, str] = {}
+    gguf_architectures: Mapping[str, str] = {}
+    mlx_layer: MLXLayer | None = None
+    model_types: tuple[str, ...] = ()  # model_type prefixes it claims without an architecture
+
+    def claims(self, hf: dict[str, Any]) -> bool:
+        archs = hf.get("architectures") or []
+        if archs and archs[0] in self.architectures:
+            return True
+        return any(str(hf.get("model_type", "")).startswith(t) for t in self.model_types)
+
+    def architecture(self, hf: dict[str, Any]) -> str:
+        archs = hf.get("architectures") or []
+        arch = archs[0] if archs else hf.get("model_type", "?")
+        return self.architectures.get(arch, arch)
+
+    def text_config(self, outer: dict[str, Any], inner: dict[str, Any]) -> dict[str, Any]:
+        return inner
+
+    def read_config(self, hf: dict[str, Any]) -> FamilyConfig:
+        return FamilyConfig(hf)
+
+    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
+        return None
+
+    def model_class(self, architecture: str) -> type:
+        raise NotImplementedError
+
+    def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported")
+
+    def tensors_from_gguf(self, arch: str, hf: dict[str, Any], tensors: Tensors
+                          ) -> Iterator[tuple[str, np.ndarray]]:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported")
+
+    def permuted_heads(self, arch: str, name: str, hf: dict[str, Any]) -> int | None:
+        return None
+
+
+class Plain(FamilyBase):
+    """A config no family claims: read with the generic fields only; `model_class` (the
+    registry's) refuses its architecture when the engine loads it."""
+
+    name = "plain"

@@ -140,3 +140,85 @@ ROUTER = "swaserve.ray.router:RoundRobinRouter"
         "a peer in its layer",
         "swaserve/server/example.py:3: server -> __init__ (swaserve): a layer above",
     ]
+
+
+# -- a model family is one package -----------------------------------------------------------
+
+MODELS = PACKAGE / "models"
+REGISTRY = MODELS / "registry.py"  # the one module outside a family that imports it
+
+
+def _families() -> set[str]:
+    return {p.name for p in MODELS.iterdir() if (p / "__init__.py").is_file()}
+
+
+def _named_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Like imported_modules, with `from PACKAGE import NAME` also as PACKAGE.NAME (the
+    module NAME, or a name inside PACKAGE: either way PACKAGE's part)."""
+    yield from imported_modules(path, tree)
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def family_violations(path: Path, source: str, families: set[str]) -> list[str]:
+    """'file:line: module' for each import of a family's package (`swaserve.models.<family>`)
+    from outside that package and models/registry.py."""
+    rel = path.relative_to(PACKAGE)
+    own = rel.parts[1] if len(rel.parts) > 2 and rel.parts[0] == "models" else None
+    if path == REGISTRY:
+        return []
+    first: dict[int, str] = {}  # per line, its shortest name of a family's module
+    for line, module in sorted(set(_named_modules(path, ast.parse(source)))):
+        parts = module.split(".")
+        if parts[:2] == ["swaserve", "models"] and len(parts) > 2 and parts[2] in families:
+            if parts[2] != own:
+                first.setdefault(line, module)
+    return [f"swaserve/{rel}:{line}: {module}" for line, module in sorted(first.items())]
+
+
+def test_only_the_registry_imports_a_family():
+    """Generic code asks a family through models/registry.py and models/family.py's
+    protocol; only the family's own package and the registry import its modules."""
+    families = _families()
+    found = [v for p in _modules() for v in family_violations(p, p.read_text(), families)]
+    assert not found, "imports of a family's package from outside it:\n" + "\n".join(found)
+
+
+def test_the_family_check_names_each_import_from_outside():
+    """The check itself: imports at the top, of the package, inside a function, by name."""
+    source = '''
+from swaserve.models.gemma4.model import Gemma4ForCausalLM
+from swaserve.models import llama
+from swaserve.models.config import ModelConfig
+from swaserve.models.gemma4 import config
+
+def f():
+    import swaserve.models.qwen3_5.gated_delta
+
+MODEL = "swaserve.models.gpt_oss.model:GptOssForCausalLM"
+'''
+    families = {"gemma4", "llama", "qwen3_5", "gpt_oss"}
+    got = family_violations(PACKAGE / "mlx" / "example.py", source, families)
+    assert got == [
+        "swaserve/mlx/example.py:2: swaserve.models.gemma4.model",
+        "swaserve/mlx/example.py:3: swaserve.models.llama",
+        "swaserve/mlx/example.py:5: swaserve.models.gemma4",
+        "swaserve/mlx/example.py:8: swaserve.models.qwen3_5.gated_delta",
+        "swaserve/mlx/example.py:10: swaserve.models.gpt_oss.model",
+    ]
+    # inside its own package a family imports itself, never another family
+    inside = family_violations(PACKAGE / "models" / "gemma4" / "example.py", source, families)
+    assert inside == [
+        "swaserve/models/gemma4/example.py:3: swaserve.models.llama",
+        "swaserve/models/gemma4/example.py:8: swaserve.models.qwen3_5.gated_delta",
+        "swaserve/models/gemma4/example.py:10: swaserve.models.gpt_oss.model",
+    ]
+    assert family_violations(REGISTRY, source, families) == []

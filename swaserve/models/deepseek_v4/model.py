@@ -1,7 +1,7 @@
 """DeepSeek-V4: every layer attends a sliding window of one shared K=V head (kept in the
 window pool's rings); C4 layers add compressed entries picked per query by the lightning
 indexer, C128 layers all their compressed entries (memory/compress_pool.py, the math in
-models/compressor.py). The residual is `hc_mult` streams mixed by hyper-connections
+compressor.py). The residual is `hc_mult` streams mixed by hyper-connections
 (Sinkhorn-normalised), the MLP a routed MoE (top-k by score plus a bias, or hashed by token
 id) beside one shared expert, the output projection grouped and low-rank.
 

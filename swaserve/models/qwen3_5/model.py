@@ -5,7 +5,7 @@ Two kinds of layers, both with Qwen's (1 + w) RMSNorm (folded at load) and a SiL
 (or, in the MoE variant, routed SiLU experts beside a sigmoid-gated shared expert):
 - Gated DeltaNet ("linear_attention", 3 of every 4 layers): one projection gives the q/k/v
   channels, the output gate z and the per-head rate b and decay a; q/k/v pass a depthwise
-  causal convolution (SiLU) and the gated delta rule (models/gated_delta.py) from the
+  causal convolution (SiLU) and the gated delta rule (gated_delta.py) from the
   request's state in the state pool (memory/state_pool.py), which they leave updated; the
   output is RMS-normed per head, gated by SiLU(z) and projected. No KV is kept.
 - gated full attention: q (with a per-head output gate beside it in q_proj's rows), k and

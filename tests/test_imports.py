@@ -55,6 +55,15 @@ def _is_submodule(name: str) -> bool:
     return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` reads from, relative ones resolved in `package`."""
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+        base = ".".join(up + ([node.module] if node.module else []))
+    return base
+
+
 def imported_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
     """(line, module) for every swaserve module the file imports or names in a string."""
     module = _module_name(path)
@@ -64,10 +73,7 @@ def imported_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(up + ([node.module] if node.module else []))
+            base = _from_base(node, package)
             for alias in node.names:
                 # `from swaserve import profile` imports the module profile.py; `from
                 # swaserve import LLM` the package's own __init__.py
@@ -160,12 +166,8 @@ def _named_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(up + ([node.module] if node.module else []))
             for alias in node.names:
-                yield node.lineno, f"{base}.{alias.name}"
+                yield node.lineno, f"{_from_base(node, package)}.{alias.name}"
 
 
 def family_violations(path: Path, source: str, families: set[str]) -> list[str]:

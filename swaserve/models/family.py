@@ -96,15 +96,28 @@ class Family(Protocol):
         ...
 
 
+class GGUFMap(Protocol):
+    """A family's gguf.py: the GGUF architectures it reads and how."""
+
+    ARCHITECTURES: Mapping[str, str]
+
+    def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]: ...
+
+    def tensors_from_gguf(self, arch: str, hf: dict[str, Any], tensors: Tensors
+                          ) -> Iterator[tuple[str, np.ndarray]]: ...
+
+
 class FamilyBase:
-    """A family's defaults: claimed by its architecture names, no config of its own, one
-    torch network, no tensor parallelism refused beyond the generic checks, GGUF tensors
-    renamed with the shared layer names. A family subclasses it and overrides what differs."""
+    """A family's defaults: claimed by its architecture names, no config of its own, no
+    tensor parallelism refused beyond the generic checks, GGUF read through its
+    `gguf_map` (None: no GGUF). A family subclasses it and overrides what differs."""
 
     name = ""
     architectures: Mapping[str, str] = {}
-    gguf_architectures: Mapping[str, str] = {}
+    gguf_map: GGUFMap | None = None  # the family's gguf.py
     mlx_layer: MLXLayer | None = None
+    # why the family runs on one rank only; None: it splits as the generic checks allow
+    one_rank_only: str | None = None
     model_types: tuple[str, ...] = ()  # model_type prefixes it claims without an architecture
 
     def claims(self, hf: dict[str, Any]) -> bool:
@@ -125,20 +138,32 @@ class FamilyBase:
         return FamilyConfig(hf)
 
     def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
-        return None
+        if self.one_rank_only is not None:
+            raise ValueError(f"tensor_parallel_size: {cfg.architecture} "
+                             f"({self.one_rank_only}) runs on one rank only")
 
     def model_class(self, architecture: str) -> type:
         raise NotImplementedError
 
+    @property
+    def gguf_architectures(self) -> Mapping[str, str]:
+        return self.gguf_map.ARCHITECTURES if self.gguf_map is not None else {}
+
     def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported")
+        return self._gguf(arch).config_from_gguf(meta, arch)
 
     def tensors_from_gguf(self, arch: str, hf: dict[str, Any], tensors: Tensors
                           ) -> Iterator[tuple[str, np.ndarray]]:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported")
+        return self._gguf(arch).tensors_from_gguf(arch, hf, tensors)
 
     def permuted_heads(self, arch: str, name: str, hf: dict[str, Any]) -> int | None:
-        return None
+        permuted = getattr(self._gguf(arch), "permuted_heads", None)  # Llama's q/k rows
+        return permuted(arch, name, hf) if permuted is not None else None
+
+    def _gguf(self, arch: str) -> GGUFMap:
+        if self.gguf_map is None or arch not in self.gguf_map.ARCHITECTURES:
+            raise ValueError(f"GGUF architecture {arch!r} is not supported")
+        return self.gguf_map
 
 
 class Plain(FamilyBase):

@@ -4,17 +4,15 @@ refusals, `DeepseekV4Config`); no GGUF map, one rank only, torch only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from swaserve.models.deepseek_v4.config import DeepseekV4Config, compress_layout, with_defaults
 from swaserve.models.family import FamilyBase, FamilyConfig
 
-if TYPE_CHECKING:
-    from swaserve.models.config import ModelConfig
-
 
 class DeepseekV4(FamilyBase):
     name = "deepseek_v4"
+    one_rank_only = "compressed attention, hyper-connections"
     architectures = {"DeepseekV4ForCausalLM": "DeepseekV4ForCausalLM"}
 
     def claims(self, hf: dict[str, Any]) -> bool:
@@ -30,10 +28,6 @@ class DeepseekV4(FamilyBase):
               "layer_types": ["sliding_attention"] * int(hf["num_hidden_layers"]),
               "intermediate_size": hf["moe_intermediate_size"]}
         return FamilyConfig(hf, fields, spec)
-
-    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (compressed attention, "
-                         "hyper-connections) runs on one rank only")
 
     def model_class(self, architecture: str) -> type:
         from swaserve.models.deepseek_v4.model import DeepseekV4ForCausalLM

@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import numpy as np
-
-from swaserve.models.family import FamilyBase, MLXLayer, Tensors
+from swaserve.models.family import FamilyBase, MLXLayer
 from swaserve.models.gemma3 import gguf
 
 
@@ -18,20 +13,13 @@ class Gemma3(FamilyBase):
     architectures = {"Gemma3ForCausalLM": "Gemma3ForCausalLM",
                      "Gemma3TextModel": "Gemma3TextModel",
                      "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
-    gguf_architectures = gguf.ARCHITECTURES
+    gguf_map = gguf
     mlx_layer = MLXLayer.SANDWICH_GEGLU
 
     def model_class(self, architecture: str) -> type:
         from swaserve.models.gemma3.model import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-
-    def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]:
-        return gguf.config_from_gguf(meta, arch)
-
-    def tensors_from_gguf(self, arch: str, hf: dict[str, Any], tensors: Tensors
-                          ) -> Iterator[tuple[str, np.ndarray]]:
-        return gguf.tensors_from_gguf(arch, hf, tensors)
 
 
 FAMILY = Gemma3()

@@ -14,6 +14,7 @@ import numpy as np
 
 from swaserve.models.gguf import (
     LAYER,
+    Keys,
     hf_name,
     keys,
     per_layer,
@@ -72,16 +73,7 @@ def config_from_gguf(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     if any(w != (2 * ff[0] if wide and i >= n - shared else ff[0]) for i, w in enumerate(ff)):
         raise ValueError(f"GGUF gemma4: MLP widths {ff} are not one width (doubled on the KV "
                          "sharing layers) as swaserve implements")
-    rope_full: dict[str, Any] = {"rope_type": "default",
-                                 "rope_theta": float(g("rope.freq_base", 1_000_000.0))}
-    factors = meta.get("GGUF.rope_freqs")
-    if factors is None and int(g("rope.dimension_count", head_full)) != head_full:
-        raise ValueError("GGUF gemma4: partial RoPE without rope_freqs is not implemented")
-    if factors is not None:
-        rotated = sum(1 for f in factors if f < 1e29)
-        if any(f != 1.0 for f in factors[:rotated]) or len(factors) * 2 != head_full:
-            raise ValueError("GGUF gemma4: rope_freqs other than a partial rotation")
-        rope_full.update(rope_type="proportional", partial_rotary_factor=2 * rotated / head_full)
+    rope_full = _full_rope(meta, g, head_full)
     hidden = int(g("embedding_length"))
     cfg: dict[str, Any] = {
         "architectures": [ARCHITECTURES["gemma4"]], "model_type": "gemma4_text",
@@ -114,3 +106,17 @@ def config_from_gguf(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     return cfg
 
 
+def _full_rope(meta: dict[str, Any], g: Keys, head_full: int) -> dict[str, Any]:
+    """The full layers' RoPE section: a partial rotation told by `rope_freqs` (1 on the
+    rotated pairs, 1e30 on the others) becomes transformers' `proportional` RoPE."""
+    rope_full: dict[str, Any] = {"rope_type": "default",
+                                 "rope_theta": float(g("rope.freq_base", 1_000_000.0))}
+    factors = meta.get("GGUF.rope_freqs")
+    if factors is None and int(g("rope.dimension_count", head_full)) != head_full:
+        raise ValueError("GGUF gemma4: partial RoPE without rope_freqs is not implemented")
+    if factors is not None:
+        rotated = sum(1 for f in factors if f < 1e29)
+        if any(f != 1.0 for f in factors[:rotated]) or len(factors) * 2 != head_full:
+            raise ValueError("GGUF gemma4: rope_freqs other than a partial rotation")
+        rope_full.update(rope_type="proportional", partial_rotary_factor=2 * rotated / head_full)
+    return rope_full

@@ -4,17 +4,15 @@ recurrent state's shapes); no GGUF map, one rank only, torch only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from swaserve.models.family import FamilyBase, FamilyConfig
 from swaserve.models.qwen3_5.config import Qwen3_5Config, is_moe, with_defaults
 
-if TYPE_CHECKING:
-    from swaserve.models.config import ModelConfig
-
 
 class Qwen3_5(FamilyBase):
     name = "qwen3_5"
+    one_rank_only = "Gated DeltaNet layers, whose state would split by value head"
     architectures = {"Qwen3_5ForCausalLM": "Qwen3_5ForCausalLM",
                      "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
                      "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForCausalLM",
@@ -34,10 +32,6 @@ class Qwen3_5(FamilyBase):
     def read_config(self, hf: dict[str, Any]) -> FamilyConfig:
         hf = with_defaults(hf)
         return FamilyConfig(hf, spec=Qwen3_5Config.from_hf(hf))
-
-    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (Gated DeltaNet layers, "
-                         "whose state would split by value head) runs on one rank only")
 
     def model_class(self, architecture: str) -> type:
         from swaserve.models.qwen3_5.model import Qwen3_5ForCausalLM

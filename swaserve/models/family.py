@@ -42,6 +42,24 @@ class FamilyConfig:
     spec: Any = None
 
 
+@dataclass(frozen=True)
+class Cut:
+    """One tensor-parallel rank's part of a tensor: `length` entries from `start` along
+    `dim`, padded with zeros to `length` where the tensor ends first (the vocabulary); or
+    all zeros."""
+
+    dim: int = 0
+    start: int = 0
+    length: int = 0
+    zeros: bool = False
+
+    def of(self, shape: tuple[int, ...], whole: int) -> Cut | None:
+        """The cut of a tensor `whole` long along its dim; None for a tensor that is
+        already a rank's slice (every cut is shorter than the whole, so cutting twice is
+        cutting once)."""
+        return self if len(shape) > self.dim and shape[self.dim] == whole else None
+
+
 class Family(Protocol):
     """What generic code asks a model family."""
 
@@ -76,6 +94,12 @@ class Family(Protocol):
 
     def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
         """ValueError when the family does not split over `size` ranks."""
+        ...
+
+    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+                   size: int) -> Cut | None:
+        """Rank `rank`'s cut of one of the family's own tensors (HF-named, of the whole
+        model `cfg`), beyond the generic attention, MLP and vocabulary cuts; None: whole."""
         ...
 
     def model_class(self, architecture: str) -> type:
@@ -141,6 +165,10 @@ class FamilyBase:
         if self.one_rank_only is not None:
             raise ValueError(f"tensor_parallel_size: {cfg.architecture} "
                              f"({self.one_rank_only}) runs on one rank only")
+
+    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+                   size: int) -> Cut | None:
+        return None
 
     def model_class(self, architecture: str) -> type:
         raise NotImplementedError

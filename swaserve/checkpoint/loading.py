@@ -15,7 +15,7 @@ from swaserve.checkpoint.weights import iter_weights, load_q8_weights
 from swaserve.config import EngineConfig, cache_root
 from swaserve.kernels import build, q8
 from swaserve.models.config import ModelConfig
-from swaserve.models.registry import model_class
+from swaserve.models.networks import model_class
 
 
 @dataclass

@@ -3,9 +3,13 @@
 A family is one package, `models/<family>/`: its typed config (HF and GGUF fields to one
 frozen dataclass, defaults and refusals by field), its GGUF metadata and tensor map, its
 network, whether it splits over tensor-parallel ranks and which backends run it. Its
-`__init__.py` holds one `Family` object, which models/registry.py lists; generic code reaches
-a family only through that object (or the typed config it built, `ModelConfig.spec`), never
-by its name.
+`__init__.py` holds one `Family` object, which models/registry.py lists; models/networks.py
+maps its architectures to its network. Generic code reaches a family only through those two
+(or the typed config it built, `ModelConfig.spec`), never by its name.
+
+The family object does not import its network: ModelConfig (which the networks import)
+finds the family through the registry, so the config side and the network side stay two
+layers of one package with no import circle.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from swaserve.models.config import ModelConfig
 
 Tensors = Iterable[tuple[str, "np.ndarray"]]
 
@@ -60,8 +62,17 @@ class Cut:
         return self if len(shape) > self.dim and shape[self.dim] == whole else None
 
 
+class Shapes(Protocol):
+    """The ModelConfig fields a family's tensor-parallel checks and cuts read (named here by
+    shape: models/config.py imports this module, so this one cannot import it back)."""
+
+    architecture: str
+    num_heads: int
+    intermediate_size: int
+
+
 class Family(Protocol):
-    """What generic code asks a model family."""
+    """What generic code asks a model family (its network: models/networks.py)."""
 
     name: str
     # HF architecture names it runs -> the name it runs them as (a multimodal wrapper's
@@ -92,18 +103,14 @@ class Family(Protocol):
         names a field it does not implement."""
         ...
 
-    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
+    def check_tensor_parallel(self, cfg: Shapes, size: int) -> None:
         """ValueError when the family does not split over `size` ranks."""
         ...
 
-    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: Shapes, rank: int,
                    size: int) -> Cut | None:
         """Rank `rank`'s cut of one of the family's own tensors (HF-named, of the whole
         model `cfg`), beyond the generic attention, MLP and vocabulary cuts; None: whole."""
-        ...
-
-    def model_class(self, architecture: str) -> type:
-        """The torch network (imported on first use: reading a config imports no torch)."""
         ...
 
     def config_from_gguf(self, meta: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -161,17 +168,14 @@ class FamilyBase:
     def read_config(self, hf: dict[str, Any]) -> FamilyConfig:
         return FamilyConfig(hf)
 
-    def check_tensor_parallel(self, cfg: ModelConfig, size: int) -> None:
+    def check_tensor_parallel(self, cfg: Shapes, size: int) -> None:
         if self.one_rank_only is not None:
             raise ValueError(f"tensor_parallel_size: {cfg.architecture} "
                              f"({self.one_rank_only}) runs on one rank only")
 
-    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: Shapes, rank: int,
                    size: int) -> Cut | None:
         return None
-
-    def model_class(self, architecture: str) -> type:
-        raise NotImplementedError
 
     @property
     def gguf_architectures(self) -> Mapping[str, str]:
@@ -195,7 +199,7 @@ class FamilyBase:
 
 
 class Plain(FamilyBase):
-    """A config no family claims: read with the generic fields only; `model_class` (the
-    registry's) refuses its architecture when the engine loads it."""
+    """A config no family claims: read with the generic fields only; models/networks.py
+    refuses its architecture when the engine loads it."""
 
     name = "plain"

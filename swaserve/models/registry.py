@@ -1,5 +1,6 @@
-"""The model families swaserve runs, and which one a config, an architecture name or a GGUF
-architecture belongs to. The one place that imports a family package from outside it."""
+"""The model families swaserve runs, and which one a config or a GGUF architecture belongs
+to. With models/networks.py (their torch networks), the one place that imports a family
+package from outside it."""
 
 from __future__ import annotations
 
@@ -32,20 +33,3 @@ def gguf_family(arch: str) -> Family:
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: "
                          f"{', '.join(sorted(families))})")
     return families[arch]
-
-
-def _by_architecture() -> dict[str, Family]:
-    return {arch: f for f in FAMILIES for arch in f.architectures.values()}
-
-
-def supported_architectures() -> list[str]:
-    return sorted(_by_architecture())
-
-
-def model_class(architecture: str) -> type:
-    """The torch network of an architecture a config runs as (`ModelConfig.architecture`)."""
-    family = _by_architecture().get(architecture)
-    if family is None:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
-                         f"{', '.join(supported_architectures())}")
-    return family.model_class(architecture)

@@ -29,10 +29,5 @@ class DeepseekV4(FamilyBase):
               "intermediate_size": hf["moe_intermediate_size"]}
         return FamilyConfig(hf, fields, spec)
 
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.deepseek_v4.model import DeepseekV4ForCausalLM
-
-        return DeepseekV4ForCausalLM
-
 
 FAMILY = DeepseekV4()

@@ -16,10 +16,5 @@ class Gemma3(FamilyBase):
     gguf_map = gguf
     mlx_layer = MLXLayer.SANDWICH_GEGLU
 
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.gemma3.model import Gemma3ForCausalLM
-
-        return Gemma3ForCausalLM
-
 
 FAMILY = Gemma3()

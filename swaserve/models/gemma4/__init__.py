@@ -25,10 +25,5 @@ class Gemma4(FamilyBase):
         return FamilyConfig(hf, dict(layer_head_dims=dims, layer_kv_heads=kv_heads,
                                      kv_sources=kv_sources(hf)), Gemma4Config.from_hf(hf))
 
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.gemma4.model import Gemma4ForCausalLM
-
-        return Gemma4ForCausalLM
-
 
 FAMILY = Gemma4()

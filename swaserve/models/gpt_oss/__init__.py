@@ -4,14 +4,11 @@ MLX."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from swaserve.models.family import Cut, FamilyBase, FamilyConfig, MLXLayer
+from swaserve.models.family import Cut, FamilyBase, FamilyConfig, MLXLayer, Shapes
 from swaserve.models.gpt_oss import gguf, shard
 from swaserve.models.gpt_oss.config import GptOssConfig
-
-if TYPE_CHECKING:
-    from swaserve.models.config import ModelConfig
 
 
 class GptOss(FamilyBase):
@@ -23,14 +20,9 @@ class GptOss(FamilyBase):
     def read_config(self, hf: dict[str, Any]) -> FamilyConfig:
         return FamilyConfig(hf, spec=GptOssConfig.from_hf(hf))
 
-    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+    def tensor_cut(self, name: str, shape: tuple[int, ...], cfg: Shapes, rank: int,
                    size: int) -> Cut | None:
         return shard.tensor_cut(name, shape, cfg, rank, size)
-
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.gpt_oss.model import GptOssForCausalLM
-
-        return GptOssForCausalLM
 
 
 FAMILY = GptOss()

@@ -6,15 +6,10 @@ The experts' down bias, added once after the sum, stays on rank 0 only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from swaserve.models.family import Cut
-
-if TYPE_CHECKING:
-    from swaserve.models.config import ModelConfig
+from swaserve.models.family import Cut, Shapes
 
 
-def tensor_cut(name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
+def tensor_cut(name: str, shape: tuple[int, ...], cfg: Shapes, rank: int,
                size: int) -> Cut | None:
     hl = cfg.num_heads // size
     il = cfg.intermediate_size // size

@@ -14,10 +14,5 @@ class Llama(FamilyBase):
     gguf_map = gguf
     mlx_layer = MLXLayer.PRE_NORM_SWIGLU
 
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.llama.model import LlamaForCausalLM
-
-        return LlamaForCausalLM
-
 
 FAMILY = Llama()

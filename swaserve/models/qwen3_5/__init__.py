@@ -33,10 +33,5 @@ class Qwen3_5(FamilyBase):
         hf = with_defaults(hf)
         return FamilyConfig(hf, spec=Qwen3_5Config.from_hf(hf))
 
-    def model_class(self, architecture: str) -> type:
-        from swaserve.models.qwen3_5.model import Qwen3_5ForCausalLM
-
-        return Qwen3_5ForCausalLM
-
 
 FAMILY = Qwen3_5()

@@ -19,8 +19,8 @@ LAYERS = [
     ["kernels"],
     ["config", "profile"],
     ["memory"],
-    ["checkpoint"],
     ["models"],
+    ["checkpoint"],
     ["sampling"],
     ["distributed"],
     ["mlx"],
@@ -55,6 +55,15 @@ def _is_submodule(name: str) -> bool:
     return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` reads from, relative ones resolved in `package`."""
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+        base = ".".join(up + ([node.module] if node.module else []))
+    return base
+
+
 def imported_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
     """(line, module) for every swaserve module the file imports or names in a string."""
     module = _module_name(path)
@@ -64,10 +73,7 @@ def imported_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(up + ([node.module] if node.module else []))
+            base = _from_base(node, package)
             for alias in node.names:
                 # `from swaserve import profile` imports the module profile.py; `from
                 # swaserve import LLM` the package's own __init__.py
@@ -221,3 +227,82 @@ def test_the_circle_check_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+# -- a model family is one package -----------------------------------------------------------
+
+MODELS = PACKAGE / "models"
+# the modules outside a family that import it: its config side, its network
+REGISTRIES = (MODELS / "registry.py", MODELS / "networks.py")
+
+
+def _families() -> set[str]:
+    return {p.name for p in MODELS.iterdir() if (p / "__init__.py").is_file()}
+
+
+def _named_modules(path: Path, tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Like imported_modules, with `from PACKAGE import NAME` also as PACKAGE.NAME (the
+    module NAME, or a name inside PACKAGE: either way PACKAGE's part)."""
+    yield from imported_modules(path, tree)
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                yield node.lineno, f"{_from_base(node, package)}.{alias.name}"
+
+
+def family_violations(path: Path, source: str, families: set[str]) -> list[str]:
+    """'file:line: module' for each import of a family's package (`swaserve.models.<family>`)
+    from outside that package and the registries."""
+    rel = path.relative_to(PACKAGE)
+    own = rel.parts[1] if len(rel.parts) > 2 and rel.parts[0] == "models" else None
+    if path in REGISTRIES:
+        return []
+    first: dict[int, str] = {}  # per line, its shortest name of a family's module
+    for line, module in sorted(set(_named_modules(path, ast.parse(source)))):
+        parts = module.split(".")
+        if parts[:2] == ["swaserve", "models"] and len(parts) > 2 and parts[2] in families:
+            if parts[2] != own:
+                first.setdefault(line, module)
+    return [f"swaserve/{rel}:{line}: {module}" for line, module in sorted(first.items())]
+
+
+def test_only_the_registry_imports_a_family():
+    """Generic code asks a family through models/registry.py (or models/networks.py) and
+    models/family.py's protocol; only those and the family's own package import it."""
+    families = _families()
+    found = [v for p in _modules() for v in family_violations(p, p.read_text(), families)]
+    assert not found, "imports of a family's package from outside it:\n" + "\n".join(found)
+
+
+def test_the_family_check_names_each_import_from_outside():
+    """The check itself: imports at the top, of the package, inside a function, by name."""
+    source = '''
+from swaserve.models.gemma4.model import Gemma4ForCausalLM
+from swaserve.models import llama
+from swaserve.models.config import ModelConfig
+from swaserve.models.gemma4 import config
+
+def f():
+    import swaserve.models.qwen3_5.gated_delta
+
+MODEL = "swaserve.models.gpt_oss.model:GptOssForCausalLM"
+'''
+    families = {"gemma4", "llama", "qwen3_5", "gpt_oss"}
+    got = family_violations(PACKAGE / "mlx" / "example.py", source, families)
+    assert got == [
+        "swaserve/mlx/example.py:2: swaserve.models.gemma4.model",
+        "swaserve/mlx/example.py:3: swaserve.models.llama",
+        "swaserve/mlx/example.py:5: swaserve.models.gemma4",
+        "swaserve/mlx/example.py:8: swaserve.models.qwen3_5.gated_delta",
+        "swaserve/mlx/example.py:10: swaserve.models.gpt_oss.model",
+    ]
+    # inside its own package a family imports itself, never another family
+    inside = family_violations(PACKAGE / "models" / "gemma4" / "example.py", source, families)
+    assert inside == [
+        "swaserve/models/gemma4/example.py:3: swaserve.models.llama",
+        "swaserve/models/gemma4/example.py:8: swaserve.models.qwen3_5.gated_delta",
+        "swaserve/models/gemma4/example.py:10: swaserve.models.gpt_oss.model",
+    ]
+    assert family_violations(REGISTRIES[0], source, families) == []

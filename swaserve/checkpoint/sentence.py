@@ -6,12 +6,10 @@ prompt's hidden states as `SentenceTransformer(dir).encode` does."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from swaserve.checkpoint.source import ModelLoadError
+from swaserve.models.encoder import DenseLayer, SentenceModules
 
 # sentence-transformers' Pooling flags -> swaserve's pooling names; the modes it has beside
 # these (max, mean of sqrt length, weighted mean) are refused by name
@@ -19,22 +17,6 @@ POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "
                  "pooling_mode_lasttoken": "last"}
 ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity",
                "torch.nn.modules.activation.Tanh": "tanh"}
-
-
-@dataclass(frozen=True)
-class DenseLayer:
-    """y = activation(x @ weight.T + bias), in float32."""
-
-    weight: torch.Tensor  # [out, in]
-    bias: torch.Tensor | None
-    activation: str  # "identity" | "tanh"
-
-
-@dataclass(frozen=True)
-class SentenceModules:
-    pooling: str | None  # "mean" | "cls" | "last"; None without a Pooling module
-    dense: list[DenseLayer] = field(default_factory=list)
-    normalize: bool = False
 
 
 def read_sentence_modules(directory: Path) -> SentenceModules | None:

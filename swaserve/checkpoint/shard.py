@@ -8,14 +8,10 @@ memory-mapped file: a rank reads its part of each tensor, not the tensor.
   there are at least tp KV heads, KV heads [r KVH/tp, ...); with fewer it holds the one KV
   head its query heads read (KVH = 1, as Gemma 3 270M: replicated).
 - o (row parallel): the input columns of its query heads; the layer all-reduces the sum.
-- gate/up (column parallel) and down (row parallel) by the intermediate dimension; for
-  gpt-oss's experts the same split inside every expert (TP within experts: each rank keeps
-  every expert and the router whole, so routing needs no communication; expert
-  parallelism would move tokens between ranks instead, which pays only at many experts per
-  rank and a batch large enough to fill them).
+- gate/up (column parallel) and down (row parallel) by the intermediate dimension.
 - embedding and LM head by vocabulary rows, padded to a split; rank 0 gathers the logits.
-- biases that are added once after a sum (down's in gpt-oss's experts) stay on rank 0
-  only; everything else (norms, the router, sinks' heads aside) is whole on every rank.
+- a family's own tensors as its `Family.tensor_cut` says (gpt-oss's experts and sinks:
+  models/gpt_oss/shard.py); everything else (norms, the router) is whole on every rank.
 """
 
 from __future__ import annotations
@@ -25,10 +21,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from swaserve.checkpoint import gemma4_config, qwen3_5_config
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.source import ModelSource
 from swaserve.checkpoint.weights import iter_weights
+from swaserve.models.config import ModelConfig
+from swaserve.models.family import Cut
 
 
 def vocab_shard(vocab_size: int, size: int) -> int:
@@ -40,13 +36,9 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The shapes one rank builds; raises ValueError naming what does not split."""
     if size == 1:
         return cfg
-    if qwen3_5_config.is_qwen3_5(cfg.raw):
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (Gated DeltaNet layers, "
-                         "whose state would split by value head) runs on one rank only")
-    if cfg.layer_compress:
-        raise ValueError(f"tensor_parallel_size: {cfg.architecture} (compressed attention, "
-                         "hyper-connections) runs on one rank only")
-    if not cfg.uniform_attention or gemma4_config.is_gemma4(cfg.raw):
+    if cfg.family is not None:
+        cfg.family.check_tensor_parallel(cfg, size)
+    if not cfg.uniform_attention:
         raise ValueError(f"tensor_parallel_size: {cfg.architecture} (per-layer head shapes, "
                          "KV shared across layers, per-layer inputs) runs on one rank only")
     h, kvh, inter = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
@@ -62,17 +54,6 @@ def local_config(cfg: ModelConfig, size: int) -> ModelConfig:
     return dataclasses.replace(cfg, num_heads=h // size, num_kv_heads=max(1, kvh // size),
                                intermediate_size=inter // size,
                                vocab_size=vocab_shard(cfg.vocab_size, size))
-
-
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """One rank's part of a tensor: `length` entries from `start` along `dim`, padded with
-    zeros to `length` where the tensor ends first (the vocabulary); or all zeros."""
-
-    dim: int = 0
-    start: int = 0
-    length: int = 0
-    zeros: bool = False
 
 
 def cut_for(name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
@@ -94,27 +75,17 @@ def cut_for(name: str, shape: tuple[int, ...], cfg: ModelConfig, rank: int,
         c, whole = Cut(0, kv_first * d, kvl * d), kvh * d
     elif tail == "o_proj.weight":
         c, whole = Cut(1, rank * hl * d, hl * d), cfg.num_heads * d
-    elif name.endswith("self_attn.sinks"):
-        c, whole = Cut(0, rank * hl, hl), cfg.num_heads
     elif tail in ("gate_proj.weight", "up_proj.weight"):
         c, whole = Cut(0, rank * il, il), cfg.intermediate_size
     elif tail == "down_proj.weight":
         c, whole = Cut(1, rank * il, il), cfg.intermediate_size
-    elif name.endswith("mlp.experts.gate_up_proj"):  # [E, hidden, 2I], gate/up interleaved
-        c, whole = Cut(2, 2 * rank * il, 2 * il), 2 * cfg.intermediate_size
-    elif name.endswith("mlp.experts.gate_up_proj_bias"):  # [E, 2I]
-        c, whole = Cut(1, 2 * rank * il, 2 * il), 2 * cfg.intermediate_size
-    elif name.endswith("mlp.experts.down_proj"):  # [E, I, hidden]
-        c, whole = Cut(1, rank * il, il), cfg.intermediate_size
-    elif name.endswith("mlp.experts.down_proj_bias"):  # added once, after the sum
-        return Cut(zeros=True) if rank else None
     elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
         c, whole = Cut(0, rank * vl, vl), cfg.vocab_size
+    elif cfg.family is not None:  # the family's own tensors (gpt-oss's experts, sinks)
+        return cfg.family.tensor_cut(name, shape, cfg, rank, size)
     else:
         return None
-    if len(shape) <= c.dim or shape[c.dim] != whole:
-        return None
-    return c
+    return c.of(shape, whole)
 
 
 def apply_cut(t: torch.Tensor, c: Cut | None) -> torch.Tensor:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
 from swaserve.checkpoint.gguf_meta import GGUFFormatError, read_gguf_metadata
 from swaserve.checkpoint.gguf_split import (
@@ -22,6 +21,7 @@ from swaserve.checkpoint.gguf_split import (
 )
 from swaserve.checkpoint.hub import HubError, download, parse_hub_id
 from swaserve.config import cache_root
+from swaserve.models.config import ModelConfig
 
 CACHE_VERSION = "1"
 

@@ -20,8 +20,9 @@ from tqdm import tqdm
 
 from swaserve.checkpoint.gguf_config import check_tensor_types
 from swaserve.checkpoint.gguf_meta import ggml_type_name
-from swaserve.checkpoint.gguf_tensors import permuted_heads, to_hf, unpermute_rows
 from swaserve.checkpoint.source import ModelLoadError, ModelSource
+from swaserve.models.gguf import unpermute_rows
+from swaserve.models.registry import gguf_family
 
 log = logging.getLogger("swaserve")
 
@@ -63,10 +64,13 @@ def _dequantized(source: ModelSource) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def _iter_gguf(source: ModelSource, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in `dtype`) for the GGUF's tensors, in HF's layout (gguf_tensors)."""
+    """(HF name, tensor in `dtype`) for the GGUF's tensors, in HF's layout (the family's
+    gguf.py)."""
     arch = source.gguf_meta["general.architecture"]
     try:
-        for name, arr in to_hf(arch, source.hf_config, _dequantized(source)):
+        tensors = gguf_family(arch).tensors_from_gguf(arch, source.hf_config,
+                                                      _dequantized(source))
+        for name, arr in tensors:
             yield name, torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)
     except ValueError as e:
         raise ModelLoadError(f"{source.path}: {e}") from e
@@ -182,6 +186,7 @@ class _Q8Reader:
 
         self.source = source
         self.arch = source.gguf_meta["general.architecture"]
+        self.family = gguf_family(self.arch)
         # name -> (dims, GGML type, the file, the offset of its data in the file)
         self.infos: dict[str, tuple[tuple[int, ...], int, Path, int]] = {}
         for path in source.gguf_files:
@@ -201,7 +206,7 @@ class _Q8Reader:
         values, size = _BLOCKS[ggml_type]
         raw = np.memmap(path, dtype=np.uint8, mode="r", offset=offset,
                         shape=(n * (k // values) * size,))
-        heads = permuted_heads(self.arch, name, self.source.hf_config)
+        heads = self.family.permuted_heads(self.arch, name, self.source.hf_config)
         if heads is not None:
             raw = raw.reshape(n, -1)[unpermute_rows(n, heads)].reshape(-1)
         read = {GGML_Q8_0: Q8Weight.from_q8_0_blocks, GGML_Q5_0: Q8Weight.from_q5_0_blocks,

@@ -40,6 +40,7 @@ from collections.abc import Callable
 import torch
 
 from swaserve import profile
+from swaserve.checkpoint.loading import load_model
 from swaserve.checkpoint.shard import local_config
 from swaserve.checkpoint.source import resolve_model
 from swaserve.config import TORCH_DTYPES, EngineConfig
@@ -64,7 +65,6 @@ from swaserve.engine.threads import FIXED_THREADS_ENV, ThreadGovernor
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.planner import plan_kv
 from swaserve.models.base import CausalLM
-from swaserve.models.loading import load_model
 from swaserve.profile import timed
 from swaserve.sampling.grammar import CompiledGrammar, GrammarCompiler
 from swaserve.sampling.params import SamplingParams

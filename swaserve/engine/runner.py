@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.distributed.group import GroupBroken
 from swaserve.engine.request import Request
 from swaserve.engine.scheduler import Batch, ScheduledSeq
@@ -21,6 +20,7 @@ from swaserve.kernels import q8
 from swaserve.memory.kv_cache import KVCache
 from swaserve.memory.window_pool import EMPTY
 from swaserve.models.attention import SDPABackend
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import (
     AttnGroup,
     ForwardContext,

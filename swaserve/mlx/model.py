@@ -1,8 +1,8 @@
 """The network in MLX: a CausalLM's weights (loaded, merged and folded by the torch
 loader, models/) converted once to MLX arrays, and a forward over the same
 ForwardContext the runner builds for torch, reading and writing the KV arrays of
-`MLXKV`. Families: Gemma 3, Llama-style (Llama, Mistral, Qwen2/3) and gpt-oss (sinks,
-MoE). Attention is `mx.fast.scaled_dot_product_attention` per group, with the window as
+`MLXKV`. Its layer forms (models/family.py `MLXLayer`): pre-norm SwiGLU, sandwich-normed
+GeGLU, and attention sinks with routed experts; a family names the form its layers take. Attention is `mx.fast.scaled_dot_product_attention` per group, with the window as
 an explicit mask built from ring positions (models/context.py)."""
 
 from __future__ import annotations
@@ -19,18 +19,16 @@ from swaserve.mlx.quant import QuantizedLinear, quantized
 from swaserve.mlx.step import StepGraph
 from swaserve.models.base import CausalLM
 from swaserve.models.context import ForwardContext
-from swaserve.models.gemma3 import Gemma3Layer
-from swaserve.models.gpt_oss import GptOssLayer
+from swaserve.models.family import MLXLayer
 from swaserve.models.head import HeadOutput
 from swaserve.models.layers import rope_cos_sin
-from swaserve.models.llama import DecoderLayer
 
 
-def _family(layer) -> str:
-    for cls, name in ((Gemma3Layer, "gemma3"), (GptOssLayer, "gpt_oss"), (DecoderLayer, "llama")):
-        if isinstance(layer, cls):
-            return name
-    raise ValueError(f"device: mlx does not run {type(layer).__name__} layers")
+def _form(model: CausalLM) -> MLXLayer:
+    form = model.cfg.family.mlx_layer if model.cfg.family is not None else None
+    if form is None:
+        raise ValueError(f"device: mlx does not run {type(model.layers[0]).__name__} layers")
+    return form
 
 
 class MLXCausalLM:
@@ -41,7 +39,7 @@ class MLXCausalLM:
     def __init__(self, model: CausalLM, kv: MLXKV, quantized: dict[str, Q8Weight] | None = None):
         self.mx = mx = require()
         self.cfg, self.kv = model.cfg, kv
-        self.family = _family(model.layers[0])
+        self.form = _form(model)
         self.dtype = to_mx(model.embed[:1]).dtype
         self.quant = self._quantized(model, quantized or {})
         head = self.quant.get("lm_head")
@@ -57,7 +55,7 @@ class MLXCausalLM:
         self.meta = [(layer.sliding, layer.num_heads, layer.num_kv_heads, layer.head_dim)
                      for layer in model.layers]
         self.moe = ([(layer.top_k, layer.alpha, layer.limit) for layer in model.layers]
-                    if self.family == "gpt_oss" else None)
+                    if self.form is MLXLayer.SINKS_MOE else None)
         self.rope = model.rope
         self.scale = model.scale
         self.scale_embeddings = model.scale_embeddings
@@ -167,7 +165,7 @@ class MLXCausalLM:
         return a
 
     # -- layers ----------------------------------------------------------------------------
-    def _gemma3(self, i, x, rope, ctx):
+    def _sandwich_geglu(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
         qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv")
         q, k, v = self._heads(qkv, self.meta[i], rope, p)
@@ -176,7 +174,7 @@ class MLXCausalLM:
         gelu = 0.5 * gate * (1 + mx.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
         return x + self._norm(self._linear(gelu * up, i, "down"), p["post_ffn_norm"])
 
-    def _llama(self, i, x, rope, ctx):
+    def _pre_norm_swiglu(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
         qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv")
         if "qkv_bias" in p:
@@ -186,7 +184,7 @@ class MLXCausalLM:
         gate, up = mx.split(self._linear(self._norm(x, p["ffn_norm"]), i, "gate_up"), 2, axis=-1)
         return x + self._linear(gate * mx.sigmoid(gate) * up, i, "down")
 
-    def _gpt_oss(self, i, x, rope, ctx):
+    def _sinks_moe(self, i, x, rope, ctx):
         p, mx = self.layers[i], self.mx
         qkv = self._linear(self._norm(x, p["attn_norm"]), i, "qkv") + p["qkv_bias"]
         q, k, v = self._heads(qkv, self.meta[i], rope, p)
@@ -245,7 +243,7 @@ class MLXCausalLM:
                 continue
             cos, sin = rope_cos_sin(ctx.positions, inv, torch.float32, s)
             rope[sliding] = (to_mx(cos).astype(x.dtype), to_mx(sin).astype(x.dtype))
-        layer = getattr(self, "_" + self.family)
+        layer = getattr(self, "_" + self.form.value)
         for i, meta in enumerate(self.meta):
             x = layer(i, x, rope[meta[0]], ctx)
         return x

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.kernels.norm import qk_norm_rope_bf16
 from swaserve.kernels.q8 import same_kernel_rows
 from swaserve.kernels.q8_weight import Q8Weight
 from swaserve.models.attention import AttentionBackend, SDPABackend
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext
 from swaserve.models.fused_decode import FusedDecode
 from swaserve.models.head import HeadOutput, LMHead

@@ -15,14 +15,13 @@ checkpoint asks for it (checkpoint/sentence.py), all in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from swaserve.checkpoint.config import ModelConfig
-from swaserve.checkpoint.sentence import DenseLayer, SentenceModules
 from swaserve.models.attention import attend
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import AttnGroup, ForwardContext, KeyView
 
 POOLINGS = ("mean", "last", "cls")
@@ -88,6 +87,24 @@ class Encoder:
                              logits_indices=torch.empty(0, dtype=torch.long, device=self.device))
         hidden = self.model.encode(ctx, self.attn)
         return list(hidden.split([len(p) for p in prompts]))
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """y = activation(x @ weight.T + bias), in float32."""
+
+    weight: torch.Tensor  # [out, in]
+    bias: torch.Tensor | None
+    activation: str  # "identity" | "tanh"
+
+
+@dataclass(frozen=True)
+class SentenceModules:
+    """A sentence-transformers checkpoint's modules (checkpoint/sentence.py reads them)."""
+
+    pooling: str | None  # "mean" | "cls" | "last"; None without a Pooling module
+    dense: list[DenseLayer] = field(default_factory=list)
+    normalize: bool = False
 
 
 @dataclass(frozen=True)

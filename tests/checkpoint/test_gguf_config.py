@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.gguf_config import gguf_metadata_to_hf
+from swaserve.models.config import ModelConfig
 
 
 def _meta(arch: str, **keys) -> dict:

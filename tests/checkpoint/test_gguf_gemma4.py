@@ -12,9 +12,9 @@ import dataclasses
 import gguf
 import pytest
 
-from swaserve.checkpoint.config import ModelConfig
-from swaserve.checkpoint.gemma4_config import kv_sources, layer_shapes, with_defaults
 from swaserve.checkpoint.source import resolve_model
+from swaserve.models.config import ModelConfig
+from swaserve.models.gemma4.config import kv_sources, layer_shapes, with_defaults
 from tests.checkpoint.test_gguf_families import decode_matches_transformers
 from tests.conftest import TINY_WINDOW as W
 from tests.helpers.checkpoints import write_tiny_gemma4

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from swaserve import SamplingParams
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.memory.planner import plan_memory
+from swaserve.models.config import ModelConfig
 from tests.conftest import (
     TEST_DEVICE,
     drive,

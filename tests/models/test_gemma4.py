@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from swaserve import SamplingParams
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
 from swaserve.memory.planner import plan_memory
+from swaserve.models.config import ModelConfig
 from tests.conftest import (
     TEST_DEVICE,
     drive,
@@ -340,7 +340,7 @@ def test_unimplemented_options_are_refused_by_field(field, value):
 def test_tensor_parallel_and_mlx_are_refused():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         local_config(ModelConfig.from_hf(E2B_LIKE), 2)
-    from swaserve.models.gemma4 import Gemma4ForCausalLM
+    from swaserve.models.gemma4.model import Gemma4ForCausalLM
 
     assert not Gemma4ForCausalLM.runs_on_mlx
 

@@ -125,7 +125,7 @@ def test_gpt_oss_sinks_change_the_result(gpt_oss):
 def _pack_mxfp4(w: torch.Tensor):
     """[E, in, out] float -> (blocks [E, out, in/32, 16], scales [E, out, in/32]), exact for
     values of the form e2m1 * 2^k, which is what the test feeds."""
-    from swaserve.models.gpt_oss import E2M1
+    from swaserve.models.gpt_oss.model import E2M1
 
     x = w.transpose(1, 2).contiguous()  # [E, out, in]
     e, o, i = x.shape
@@ -143,7 +143,7 @@ def _pack_mxfp4(w: torch.Tensor):
 def test_mxfp4_dequantization_matches_transformers():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from swaserve.models.gpt_oss import dequantize_mxfp4
+    from swaserve.models.gpt_oss.model import dequantize_mxfp4
 
     g = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 16, 2, 16), dtype=torch.uint8, generator=g)
@@ -156,7 +156,7 @@ def test_gpt_oss_mxfp4_checkpoint_loads(tmp_path):
     from safetensors.torch import load_file, save_file
     from transformers import GptOssForCausalLM
 
-    from swaserve.models.gpt_oss import dequantize_mxfp4
+    from swaserve.models.gpt_oss.model import dequantize_mxfp4
 
     torch.manual_seed(7)
     cfg = gpt_oss_config(hidden_size=64, intermediate_size=64, num_hidden_layers=2,

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from swaserve import SamplingParams
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config
+from swaserve.models.config import ModelConfig
 from tests.conftest import (
     TEST_DEVICE,
     drive,
@@ -456,7 +456,7 @@ def test_defaults_follow_transformers():
 
 
 def test_tensor_parallel_and_mlx_are_refused():
-    from swaserve.models.qwen3_5 import Qwen3_5ForCausalLM
+    from swaserve.models.qwen3_5.model import Qwen3_5ForCausalLM
 
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         local_config(ModelConfig.from_hf(QWEN35_08B), 2)

@@ -14,10 +14,11 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext
+from swaserve.models.gpt_oss.config import GptOssConfig
 from swaserve.models.layers import linear, rms_norm, rows_in_blocks
 from swaserve.models.weight_map import HF_QKV, HF_TOP, WeightMap
 
@@ -56,12 +57,11 @@ class GptOssLayer(DecoderLayerBase):
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
-        raw = cfg.raw
+        spec: GptOssConfig = cfg.spec
         h = cfg.hidden_size
-        e, inter = int(raw["num_local_experts"]), cfg.intermediate_size
-        self.top_k = int(raw.get("num_experts_per_tok", raw.get("experts_per_token", 4)))
-        self.alpha = float(raw.get("swiglu_alpha", 1.702))
-        self.limit = float(raw.get("swiglu_limit", 7.0))
+        e, inter = spec.num_local_experts, cfg.intermediate_size
+        self.top_k = spec.experts_per_token
+        self.alpha, self.limit = spec.swiglu_alpha, spec.swiglu_limit
         self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size))
         self.o_bias = nn.Parameter(torch.empty(h))
         self.sinks = nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32))

@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext
+from swaserve.models.gemma4.config import Gemma4Config
 from swaserve.models.layers import add_rms_norm, apply_rope, gelu_tanh_mul, linear, rms_norm
 from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap
 
@@ -68,12 +69,12 @@ class Gemma4Layer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg, index)
         h, d = cfg.hidden_size, self.head_dim
-        raw = cfg.raw
+        spec: Gemma4Config = cfg.spec
         self.kv_source = cfg.kv_source_of(index)
-        k_eq_v = bool(raw.get("attention_k_eq_v")) and not self.sliding
+        k_eq_v = spec.attention_k_eq_v and not self.sliding
         self.kv_parts = 0 if self.kv_source is not None else (1 if k_eq_v else 2)
         self.qkv = nn.Parameter(torch.empty(self.q_size + self.kv_parts * self.kv_size, h))
-        wide = 2 if raw.get("use_double_wide_mlp") and self.kv_source is not None else 1
+        wide = 2 if spec.use_double_wide_mlp and self.kv_source is not None else 1
         inter = cfg.intermediate_size * wide
         self.gate_up = nn.Parameter(torch.empty(2 * inter, h))
         self.down = nn.Parameter(torch.empty(h, inter))
@@ -82,16 +83,16 @@ class Gemma4Layer(DecoderLayerBase):
         if self.kv_parts:
             norms["k_norm"] = d
         self.k_norm = None
-        ple = int(raw.get("hidden_size_per_layer_input") or 0)
+        ple = spec.hidden_size_per_layer_input
         self.ple = ple
         if ple:
             self.ple_gate = nn.Parameter(torch.empty(ple, h))
             self.ple_proj = nn.Parameter(torch.empty(h, ple))
             norms["ple_norm"] = h
-        self.moe = bool(raw.get("enable_moe_block"))
+        self.moe = spec.enable_moe_block
         if self.moe:
-            e, moe_inter = int(raw["num_experts"]), int(raw["moe_intermediate_size"])
-            self.top_k = int(raw["top_k_experts"])
+            e, moe_inter = spec.num_experts, spec.moe_intermediate_size
+            self.top_k = spec.top_k_experts
             self.router = nn.Parameter(torch.empty(e, h))
             self.router_scale = nn.Parameter(torch.empty(h))
             self.expert_scale = nn.Parameter(torch.empty(e))
@@ -166,9 +167,10 @@ class Gemma4ForCausalLM(CausalLM):
         super().__init__(cfg)
         self.scale = 1.0  # q and k are RMS-normed: scores are not scaled
         n, h = cfg.num_layers, cfg.hidden_size
-        self.ple = int(cfg.raw.get("hidden_size_per_layer_input") or 0)
+        spec: Gemma4Config = cfg.spec
+        self.ple = spec.hidden_size_per_layer_input
         if self.ple:
-            vocab = int(cfg.raw.get("vocab_size_per_layer_input") or cfg.vocab_size)
+            vocab = spec.vocab_size_per_layer_input or cfg.vocab_size
             self.ple_embed = nn.Parameter(torch.empty(vocab, n * self.ple))
             self.ple_model_proj = nn.Parameter(torch.empty(n * self.ple, h))
             self.ple_proj_norm = nn.Parameter(torch.empty(self.ple, dtype=torch.float32))

@@ -1,6 +1,8 @@
 """ModelConfig: the architecture facts a model family needs, read from an HF config.json dict
-or from GGUF metadata (converted to the same dict first by checkpoint/gguf_config.py, so both
-paths share one parser)."""
+or from GGUF metadata (converted to the same dict first by the family's gguf.py, so both
+paths share one parser). The generic fields are read here; the family (models/registry.py)
+fills in its defaults, refuses what it does not implement, sets its per-layer fields and
+builds its typed config (`spec`)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from swaserve.checkpoint import deepseek_v4_config, gemma4_config, qwen3_5_config
 from swaserve.memory.layout import CacheLayout, CompressSpec, LayerKind, LayerSpec
+from swaserve.models.family import Family
+from swaserve.models.registry import family_of
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class ModelConfig:
     # for other families, rate 0 for a layer without compressed entries
     layer_compress: tuple[tuple[int, bool, int], ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the family the config belongs to, and its typed config (the family's config.py; None
+    # for a family without fields of its own)
+    family: Family | None = field(default=None, compare=False, repr=False)
+    spec: Any = field(default=None, compare=False, repr=False)
 
     @property
     def attn_scale(self) -> float:
@@ -83,7 +90,7 @@ class ModelConfig:
         specs = []
         for i, kind in enumerate(self.layer_types):
             if kind == "linear":  # a recurrent state per request, no KV
-                conv, state = qwen3_5_config.state_shapes(self.raw)
+                conv, state = self.spec.state_shapes()
                 specs.append(LayerSpec(LayerKind.RECURRENT, 0, 0, conv_state=conv,
                                        recurrent_state=state))
                 continue
@@ -107,23 +114,10 @@ class ModelConfig:
         if "text_config" in cfg:  # multimodal wrapper: serve its text model
             outer = cfg
             cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
-            if qwen3_5_config.is_qwen3_5(cfg) and "tie_word_embeddings" in outer:
-                cfg["tie_word_embeddings"] = outer["tie_word_embeddings"]  # the wrapper's
-        per_layer: dict[str, Any] = {}
-        if qwen3_5_config.is_qwen3_5(cfg):
-            cfg = qwen3_5_config.with_defaults(cfg)
-        elif gemma4_config.is_gemma4(cfg):
-            cfg = gemma4_config.with_defaults(cfg)
-            dims, kv_heads = gemma4_config.layer_shapes(cfg)
-            per_layer = dict(layer_head_dims=dims, layer_kv_heads=kv_heads,
-                             kv_sources=gemma4_config.kv_sources(cfg))
-        if deepseek_v4_config.is_deepseek_v4(cfg):
-            # every layer keeps a sliding K=V window; C4 / C128 layers compressed state too
-            cfg = deepseek_v4_config.with_defaults(cfg)
-            per_layer = dict(layer_compress=deepseek_v4_config.compress_layout(cfg))
-            cfg = {**cfg, "attention_types": cfg["layer_types"],
-                   "layer_types": ["sliding_attention"] * int(cfg["num_hidden_layers"]),
-                   "intermediate_size": cfg["moe_intermediate_size"]}
+            cfg = family_of(cfg).text_config(outer, cfg)
+        family = family_of(cfg)
+        read = family.read_config(cfg)
+        cfg = read.hf
         n = int(cfg["num_hidden_layers"])
         layer_types, window = _layer_types(cfg, n)
         rope = _rope(cfg)
@@ -131,7 +125,7 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         heads = int(cfg["num_attention_heads"])
         return cls(
-            architecture=_architecture(cfg),
+            architecture=family.architecture(cfg),
             hidden_size=int(cfg["hidden_size"]),
             num_layers=n,
             num_heads=heads,
@@ -156,22 +150,12 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=cfg.get("pad_token_id"),
-            **per_layer,
+            **read.fields,
             bidirectional=bool(cfg.get("use_bidirectional_attention", False)),
             raw=dict(cfg),
+            family=family,
+            spec=read.spec,
         )
-
-
-def _architecture(cfg: dict[str, Any]) -> str:
-    """The HF architecture name (a Gemma 3 or 4 multimodal checkpoint serves its text model)."""
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else cfg.get("model_type", "?")
-    text_models = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
-                   "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM",
-                   **qwen3_5_config.TEXT_MODEL}
-    if not archs and qwen3_5_config.is_qwen3_5(cfg):
-        arch = "Qwen3_5MoeForCausalLM" if qwen3_5_config.is_moe(cfg) else "Qwen3_5ForCausalLM"
-    return text_models.get(arch, arch)
 
 
 def _layer_types(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], int | None]:

@@ -11,13 +11,11 @@ section by the same text position, so for text it is the plain (partial, by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 DENSE = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
-ARCHITECTURES = DENSE + MOE
-TEXT_MODEL = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
-              "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 # transformers' Qwen3_5TextConfig defaults, where config.json leaves a field out
@@ -36,12 +34,6 @@ MOE_DEFAULTS: dict[str, Any] = {
     "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256,
 }
 ROPE_DEFAULT = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25}
-
-
-def is_qwen3_5(cfg: dict[str, Any]) -> bool:
-    archs = cfg.get("architectures") or []
-    return (bool(archs) and archs[0] in ARCHITECTURES) or str(
-        cfg.get("model_type", "")).startswith("qwen3_5")
 
 
 def is_moe(cfg: dict[str, Any]) -> bool:
@@ -125,10 +117,37 @@ def rotary_dim(cfg: dict[str, Any]) -> int:
     return int(int(cfg["head_dim"]) * factor)
 
 
-def state_shapes(cfg: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """A Gated DeltaNet layer's per-request state: the conv window (channels = q, k and v
-    widths; kernel - 1 taps) and the recurrent matrices (value heads x d_k x d_v)."""
-    hk, hv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-    dk, dv = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
-    channels = 2 * hk * dk + hv * dv
-    return (channels, int(cfg["linear_conv_kernel_dim"]) - 1), (hv, dk, dv)
+@dataclass(frozen=True)
+class Qwen3_5Config:
+    """Qwen3.5's own fields, read from a config `with_defaults` filled in."""
+
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    rotary_dim: int  # a full-attention head's rotated dims (the first ones)
+    moe: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> Qwen3_5Config:
+        moe = is_moe(cfg)
+        linear = {f: int(cfg[f]) for f in ("linear_num_key_heads", "linear_num_value_heads",
+                                           "linear_key_head_dim", "linear_value_head_dim",
+                                           "linear_conv_kernel_dim")}
+        experts = {f: int(cfg[f]) for f in ("num_experts", "num_experts_per_tok",
+                                            "moe_intermediate_size",
+                                            "shared_expert_intermediate_size")} if moe else {}
+        return cls(**linear, rotary_dim=rotary_dim(cfg), moe=moe, **experts)
+
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """A Gated DeltaNet layer's per-request state: the conv window (channels = q, k and
+        v widths; kernel - 1 taps) and the recurrent matrices (value heads x d_k x d_v)."""
+        hk, hv = self.linear_num_key_heads, self.linear_num_value_heads
+        dk, dv = self.linear_key_head_dim, self.linear_value_head_dim
+        channels = 2 * hk * dk + hv * dv
+        return (channels, self.linear_conv_kernel_dim - 1), (hv, dk, dv)

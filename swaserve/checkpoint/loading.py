@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.checkpoint.shard import local_config, sharded_weights
 from swaserve.checkpoint.source import ModelLoadError, ModelSource, resolve_model
 from swaserve.checkpoint.tokenizer import Tokenizer, load_tokenizer
 from swaserve.checkpoint.weights import iter_weights, load_q8_weights
 from swaserve.config import EngineConfig, cache_root
 from swaserve.kernels import build, q8
-from swaserve.models.registry import model_class
+from swaserve.models.config import ModelConfig
+from swaserve.models.networks import model_class
 
 
 @dataclass

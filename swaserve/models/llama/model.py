@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext
 from swaserve.models.layers import add_rms_norm, rms_norm
 from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap

@@ -4,9 +4,9 @@ swaserve does not implement refused by the field that turns them on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 SLIDING, CSA, HCA = ("sliding_attention", "compressed_sparse_attention",
                      "heavily_compressed_attention")
 RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}  # legacy `compress_ratios`
@@ -27,11 +27,6 @@ DEFAULTS: dict[str, Any] = {
 }
 DEFAULT_RATES = {CSA: 4, HCA: 128}
 SCORING = ("sqrtsoftplus", "sigmoid")
-
-
-def is_deepseek_v4(cfg: dict[str, Any]) -> bool:
-    archs = cfg.get("architectures") or []
-    return (bool(archs) and archs[0] in ARCHITECTURES) or cfg.get("model_type") == "deepseek_v4"
 
 
 def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -135,3 +130,29 @@ def compress_layout(cfg: dict[str, Any]) -> tuple[tuple[int, bool, int], ...]:
             out.append((int(cfg["compress_rates"][kind]), csa,
                         int(cfg["index_head_dim"]) if csa else 0))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class DeepseekV4Config:
+    """DeepSeek-V4's own fields the network reads, from a config `with_defaults` filled in."""
+
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int  # grouped low-rank output projection
+    attention_types: tuple[str, ...]  # per layer: SLIDING, CSA or HCA
+    compress_rates: dict[str, int]  # CSA / HCA -> tokens per compressed entry
+    hc_mult: int  # residual streams mixed by hyper-connections
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    rope_dim: int  # the rotated channels of a head
+    rope_main: dict[str, Any]  # sliding layers' RoPE section
+    rope_compress: dict[str, Any]  # compressed layers' (and their compressors') RoPE
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> DeepseekV4Config:
+        return cls(q_lora_rank=int(cfg["q_lora_rank"]), o_lora_rank=int(cfg["o_lora_rank"]),
+                   o_groups=int(cfg["o_groups"]), attention_types=tuple(cfg["layer_types"]),
+                   compress_rates={k: int(v) for k, v in cfg["compress_rates"].items()},
+                   hc_mult=int(cfg["hc_mult"]), hc_sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]),
+                   hc_eps=float(cfg["hc_eps"]), rope_dim=int(cfg["rope_dim"]),
+                   rope_main=dict(cfg["rope_main"]), rope_compress=dict(cfg["rope_compress"]))

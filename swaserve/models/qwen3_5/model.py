@@ -5,7 +5,7 @@ Two kinds of layers, both with Qwen's (1 + w) RMSNorm (folded at load) and a SiL
 (or, in the MoE variant, routed SiLU experts beside a sigmoid-gated shared expert):
 - Gated DeltaNet ("linear_attention", 3 of every 4 layers): one projection gives the q/k/v
   channels, the output gate z and the per-head rate b and decay a; q/k/v pass a depthwise
-  causal convolution (SiLU) and the gated delta rule (models/gated_delta.py) from the
+  causal convolution (SiLU) and the gated delta rule (gated_delta.py) from the
   request's state in the state pool (memory/state_pool.py), which they leave updated; the
   output is RMS-normed per head, gated by SiLU(z) and projected. No KV is kept.
 - gated full attention: q (with a per-head output gate beside it in q_proj's rows), k and
@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint import qwen3_5_config
-from swaserve.checkpoint.config import ModelConfig
-from swaserve.models import gated_delta
 from swaserve.models.attention import AttentionBackend
 from swaserve.models.base import CausalLM, DecoderLayerBase
+from swaserve.models.config import ModelConfig
 from swaserve.models.context import ForwardContext, RecurrentBatch
 from swaserve.models.layers import add_rms_norm, apply_rope, linear, rms_norm, rope_inv_freq
+from swaserve.models.qwen3_5 import gated_delta
+from swaserve.models.qwen3_5.config import Qwen3_5Config
 from swaserve.models.weight_map import HF_GATE_UP, HF_QKV, HF_TOP, WeightMap
 
 # Qwen's RMSNorm multiplies by (1 + w): these hold the full multiplier (folded at load)
@@ -43,15 +43,15 @@ class MLPMixin:
     sigmoid(x . shared_gate). Its parameters live on the layer."""
 
     def init_mlp(self, cfg: ModelConfig) -> None:
-        h, raw = cfg.hidden_size, cfg.raw
-        self.moe = qwen3_5_config.is_moe(raw)
+        h, spec = cfg.hidden_size, cfg.spec
+        self.moe = spec.moe
         if not self.moe:
             self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
             self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
             return
-        e, inter = int(raw["num_experts"]), int(raw["moe_intermediate_size"])
-        shared = int(raw["shared_expert_intermediate_size"])
-        self.num_experts, self.top_k, self.expert_inter = e, int(raw["num_experts_per_tok"]), inter
+        e, inter = spec.num_experts, spec.moe_intermediate_size
+        shared = spec.shared_expert_intermediate_size
+        self.num_experts, self.top_k, self.expert_inter = e, spec.num_experts_per_tok, inter
         self.router = nn.Parameter(torch.empty(e, h))
         # experts stacked along dim 0: gate_up rows [2e I, 2(e+1) I) (gate, then up), down
         # rows [e h, (e+1) h)
@@ -93,7 +93,7 @@ class AttentionLayer(DecoderLayerBase, MLPMixin):
         super().__init__(cfg, index)
         h, d = cfg.hidden_size, self.head_dim
         self.qkv = nn.Parameter(torch.empty(2 * self.q_size + 2 * self.kv_size, h))
-        self.rot = qwen3_5_config.rotary_dim(cfg.raw)
+        self.rot = cfg.spec.rotary_dim
         for name, size in (("attn_norm", h), ("ffn_norm", h), ("q_norm", d), ("k_norm", d)):
             setattr(self, name, nn.Parameter(torch.empty(size, dtype=torch.float32)))
         self.init_mlp(cfg)
@@ -128,12 +128,13 @@ class GatedDeltaLayer(nn.Module, MLPMixin):
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        raw, h = cfg.raw, cfg.hidden_size
+        spec: Qwen3_5Config = cfg.spec
+        h = cfg.hidden_size
         self.index = index
         self.dense = sum(1 for t in cfg.layer_types[:index] if t == "linear")
-        self.hk, self.hv = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
-        self.dk, self.dv = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
-        self.kernel = int(raw["linear_conv_kernel_dim"])
+        self.hk, self.hv = spec.linear_num_key_heads, spec.linear_num_value_heads
+        self.dk, self.dv = spec.linear_key_head_dim, spec.linear_value_head_dim
+        self.kernel = spec.linear_conv_kernel_dim
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         self.channels = 2 * self.key_dim + self.value_dim
         self.eps = cfg.rms_norm_eps
@@ -313,11 +314,11 @@ class Qwen3_5ForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        rot = qwen3_5_config.rotary_dim(cfg.raw)
-        inv = rope_inv_freq(rot, cfg.rope_theta)  # partial RoPE: the first `rot` dims
+        spec: Qwen3_5Config = cfg.spec
+        inv = rope_inv_freq(spec.rotary_dim, cfg.rope_theta)  # partial RoPE: the first dims
         self.rope = {False: inv, True: inv}
-        if qwen3_5_config.is_moe(cfg.raw):
-            self.weights = weight_map(int(cfg.raw["num_experts"]))
+        if spec.moe:
+            self.weights = weight_map(spec.num_experts)
 
     @staticmethod
     def layer(cfg: ModelConfig, index: int) -> nn.Module:

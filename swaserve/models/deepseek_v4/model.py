@@ -1,7 +1,7 @@
 """DeepSeek-V4: every layer attends a sliding window of one shared K=V head (kept in the
 window pool's rings); C4 layers add compressed entries picked per query by the lightning
 indexer, C128 layers all their compressed entries (memory/compress_pool.py, the math in
-models/compressor.py). The residual is `hc_mult` streams mixed by hyper-connections
+compressor.py). The residual is `hc_mult` streams mixed by hyper-connections
 (Sinkhorn-normalised), the MLP a routed MoE (top-k by score plus a bias, or hashed by token
 id) beside one shared expert, the output projection grouped and low-rank.
 
@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.checkpoint.config import ModelConfig
 from swaserve.models.base import CausalLM
-from swaserve.models.compressor import (
+from swaserve.models.config import ModelConfig
+from swaserve.models.context import ForwardContext
+from swaserve.models.deepseek_v4.compressor import (
     Branch,
     Indexer,
     Lin,
@@ -32,8 +33,8 @@ from swaserve.models.compressor import (
     rope,
     update_branch,
 )
-from swaserve.models.context import ForwardContext
-from swaserve.models.deepseek_v4_moe import MoE
+from swaserve.models.deepseek_v4.config import DeepseekV4Config
+from swaserve.models.deepseek_v4.moe import MoE
 from swaserve.models.layers import rope_inv_freq
 
 
@@ -42,13 +43,14 @@ def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, raw: dict, index: int):
+    def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        hidden, eps = int(raw["hidden_size"]), float(raw["rms_norm_eps"])
+        spec: DeepseekV4Config = cfg.spec
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.index = index
-        self.num_heads, self.head_dim = int(raw["num_attention_heads"]), int(raw["head_dim"])
-        self.groups, self.eps = int(raw["o_groups"]), eps
-        rank, o_rank = int(raw["q_lora_rank"]), int(raw["o_lora_rank"])
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.groups, self.eps = spec.o_groups, eps
+        rank, o_rank = spec.q_lora_rank, spec.o_lora_rank
         self.q_a_proj, self.q_a_norm = Lin(hidden, rank), Norm(rank, eps)
         self.q_b_proj = Lin(rank, self.num_heads * self.head_dim)
         self.kv_proj, self.kv_norm = Lin(hidden, self.head_dim), Norm(self.head_dim, eps)
@@ -56,15 +58,16 @@ class Attention(nn.Module):
         self.o_a_proj = Lin(per_group, self.groups * o_rank)
         self.o_b_proj = Lin(self.groups * o_rank, hidden)
         fp32_buffer(self, "sinks", self.num_heads)
-        kind = raw["attention_types"][index]
+        kind = spec.attention_types[index]
         self.compressed = kind != "sliding_attention"
         self.rope_kind = "compress" if self.compressed else "main"
         if self.compressed:
             csa = kind == "compressed_sparse_attention"
-            rate = int(raw["compress_rates"][kind])
+            rate = spec.compress_rates[kind]
             self.compressor = Branch(hidden, self.head_dim, rate, csa, eps)
             if csa:
-                self.compressor.indexer = Indexer(raw, rate)
+                # compressor.py's Indexer reads the config dict itself
+                self.compressor.indexer = Indexer(cfg.raw, rate)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, model: DeepseekV4ForCausalLM,
                 seqs: list[Seq]) -> torch.Tensor:
@@ -162,11 +165,12 @@ class HyperConnection(nn.Module):
     """`hc_mult` residual streams: collapse them for the block (pre), spread its output
     back (post) and mix the streams (comb, Sinkhorn-normalised), all from the streams."""
 
-    def __init__(self, raw: dict):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.hc, self.iters = int(raw["hc_mult"]), int(raw["hc_sinkhorn_iters"])
-        self.eps, self.norm_eps = float(raw["hc_eps"]), float(raw["rms_norm_eps"])
-        fp32_buffer(self, "fn", (2 + self.hc) * self.hc, self.hc * int(raw["hidden_size"]))
+        spec: DeepseekV4Config = cfg.spec
+        self.hc, self.iters = spec.hc_mult, spec.hc_sinkhorn_iters
+        self.eps, self.norm_eps = spec.hc_eps, cfg.rms_norm_eps
+        fp32_buffer(self, "fn", (2 + self.hc) * self.hc, self.hc * cfg.hidden_size)
         fp32_buffer(self, "base", (2 + self.hc) * self.hc)
         fp32_buffer(self, "scale", 3)
 
@@ -197,12 +201,13 @@ class HyperConnection(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        raw, eps = cfg.raw, cfg.rms_norm_eps
+        eps = cfg.rms_norm_eps
         self.index = index
-        self.self_attn, self.mlp = Attention(raw, index), MoE(raw, index)
+        # moe.py's MoE reads the config dict itself
+        self.self_attn, self.mlp = Attention(cfg, index), MoE(cfg.raw, index)
         self.input_layernorm = Norm(cfg.hidden_size, eps)
         self.post_attention_layernorm = Norm(cfg.hidden_size, eps)
-        self.attn_hc, self.ffn_hc = HyperConnection(raw), HyperConnection(raw)
+        self.attn_hc, self.ffn_hc = HyperConnection(cfg), HyperConnection(cfg)
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext, model: DeepseekV4ForCausalLM,
                 seqs: list[Seq]) -> torch.Tensor:
@@ -217,11 +222,11 @@ class DecoderLayer(nn.Module):
 class HyperHead(nn.Module):
     """The final collapse of the streams into one, before the final norm."""
 
-    def __init__(self, raw: dict):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        hc = int(raw["hc_mult"])
-        self.eps, self.norm_eps = float(raw["hc_eps"]), float(raw["rms_norm_eps"])
-        fp32_buffer(self, "hc_fn", hc, hc * int(raw["hidden_size"]))
+        hc = cfg.spec.hc_mult
+        self.eps, self.norm_eps = cfg.spec.hc_eps, cfg.rms_norm_eps
+        fp32_buffer(self, "hc_fn", hc, hc * cfg.hidden_size)
         fp32_buffer(self, "hc_base", hc)
         fp32_buffer(self, "hc_scale", 1)
 
@@ -268,14 +273,13 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        raw = cfg.raw
-        self.hc_mult = int(raw["hc_mult"])
-        self.hc_head = HyperHead(raw)
-        rd = int(raw["rope_dim"])
+        spec: DeepseekV4Config = cfg.spec
+        self.hc_mult = spec.hc_mult
+        self.hc_head = HyperHead(cfg)
         self.rope_tables = {
-            kind: rope_inv_freq(rd, float(section["rope_theta"]),
+            kind: rope_inv_freq(spec.rope_dim, float(section["rope_theta"]),
                                 section if section.get("rope_type") == "yarn" else None)
-            for kind, section in (("main", raw["rope_main"]), ("compress", raw["rope_compress"]))}
+            for kind, section in (("main", spec.rope_main), ("compress", spec.rope_compress))}
         self.rope_cs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swaserve.models.compressor import Lin, fp32_buffer
+from swaserve.models.deepseek_v4.compressor import Lin, fp32_buffer
 
 
 class Router(nn.Module):

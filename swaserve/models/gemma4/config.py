@@ -6,9 +6,9 @@ not implement refused by the field that turns them on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 PATTERN = 6  # transformers' default layer pattern: five sliding layers, then a full one
 
 # fields whose missing value means transformers' default, not the generic parser's
@@ -26,12 +26,6 @@ DEFAULTS: dict[str, Any] = {
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                            "rope_theta": 1_000_000.0}},
 }
-
-
-def is_gemma4(cfg: dict[str, Any]) -> bool:
-    archs = cfg.get("architectures") or []
-    return (bool(archs) and archs[0] in ARCHITECTURES) or str(
-        cfg.get("model_type", "")).startswith("gemma4")
 
 
 def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -125,3 +119,23 @@ def kv_sources(cfg: dict[str, Any]) -> tuple[int | None, ...]:
                              "layer of its kind to reuse (Gemma 4)")
         out.append(src[-1])
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Gemma4Config:
+    """Gemma 4's own fields, read from a config `with_defaults` filled in."""
+
+    attention_k_eq_v: bool = False  # full layers' V is their K (one projection)
+    use_double_wide_mlp: bool = False  # the KV-sharing layers' MLP is twice as wide
+    hidden_size_per_layer_input: int = 0  # per-layer inputs' width; 0: none
+    vocab_size_per_layer_input: int = 0  # their embedding's rows; 0: the vocabulary's
+    enable_moe_block: bool = False  # routed experts beside the MLP
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> Gemma4Config:
+        # each field the config's value, 0 / False where it is null (per-layer inputs off)
+        return cls(**{f: type(getattr(cls, f))(cfg.get(f) or 0)
+                      for f in cls.__dataclass_fields__})

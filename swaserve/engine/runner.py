@@ -1,5 +1,5 @@
 """ModelRunner: turns a Batch into a ForwardContext over the KV cache and runs the model
-(models/loading.py builds the model from a checkpoint; the engine builds the cache).
+(checkpoint/loading.py builds the model from a checkpoint; the engine builds the cache).
 
 Masks come from positions: for full layers from each request's length, for sliding layers
 from the positions the ring slots record (so a wrapped ring needs no special case). Where

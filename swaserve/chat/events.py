@@ -14,17 +14,9 @@ merged (`merge_events`); a call's `arguments` fragments concatenate to its argum
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
-
-from swaserve.checkpoint.tokenizer import Tokenizer
-from swaserve.engine.detokenizer import IncrementalDetokenizer
-
-REASONING_PARSERS = ("harmony", "qwen3", "deepseek_r1", "gemma4", "mistral")
-TOOL_PARSERS = ("harmony", "hermes", "qwen3_xml", "llama3_json", "mistral", "deepseek", "gemma4",
-                "json")
 
 
 @dataclass(frozen=True)
@@ -108,101 +100,3 @@ class PlainText:
 
     def finish(self) -> list[Event]:
         return []
-
-
-class TokenTextParser:
-    """An OutputParser over a TextParser: special tokens that are the text parser's markers
-    reach it as their text, other special tokens are dropped, ordinary tokens are decoded
-    incrementally (a special token starts a new decode, as it splits the text)."""
-
-    def __init__(self, tokenizer: Tokenizer, text_parser: TextParser):
-        self.tok = tokenizer
-        self.text = text_parser
-        self.reasoning_tokens = 0
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
-        self._marker_of: dict[int, str | None] = {}
-
-    def _marker(self, token_id: int) -> str | None:
-        if token_id not in self._marker_of:
-            text = self.tok.id_to_token(token_id)
-            self._marker_of[token_id] = text if text in self.text.markers else None
-        return self._marker_of[token_id]
-
-    def feed(self, token_ids: Sequence[int]) -> list[Event]:
-        events: list[Event] = []
-        for t in token_ids:
-            before = self.text.in_reasoning
-            if t in self.tok.special_ids:
-                self._detok = IncrementalDetokenizer(self.tok, skip_special_tokens=False)
-                marker = self._marker(t)
-                if marker is not None:
-                    events += self.text.feed(marker)
-            else:
-                delta = self._detok.add(t)
-                if delta:
-                    events += self.text.feed(delta)
-            if before or self.text.in_reasoning:
-                self.reasoning_tokens += 1
-        return events
-
-    def finish(self) -> list[Event]:
-        return self.text.finish()
-
-
-def make_output_parser(tokenizer: Tokenizer, *, reasoning: str | None, tools: str | None,
-                       tool_names: Collection[str] | Mapping[str, dict] | None,
-                       parallel_tool_calls: bool = True, prompt: str = "") -> OutputParser:
-    """The parser of one completion. `reasoning`/`tools` name the formats (REASONING_PARSERS,
-    TOOL_PARSERS); `tool_names` are the declared tools (a mapping gives their parameters'
-    JSON schemas, which type qwen3_xml's values); None means no tools are in play and
-    nothing is a call. `prompt` is the rendered prompt: its end says whether the output
-    starts inside a think block or a Harmony message."""
-    from swaserve.server.harmony_output import HarmonyParser
-    from swaserve.server.reasoning_output import ThinkSplitter
-    from swaserve.server.tool_output import make_tool_text_parser
-
-    if reasoning not in (None, *REASONING_PARSERS):
-        raise ValueError(f"unknown reasoning parser {reasoning!r}")
-    if tools not in (None, *TOOL_PARSERS):
-        raise ValueError(f"unknown tool parser {tools!r}")
-    if "harmony" in (reasoning, tools):
-        return HarmonyParser(tokenizer, tool_names=tool_names,
-                             parallel_tool_calls=parallel_tool_calls, prompt=prompt)
-    inner: TextParser = PlainText()
-    if tools is not None and tool_names is not None:
-        inner = make_tool_text_parser(tools, tool_names, parallel_tool_calls)
-    if reasoning is not None:
-        inner = ThinkSplitter(inner, prompt, reasoning)
-    return TokenTextParser(tokenizer, inner)
-
-
-_PICKS = [  # (patterns all in the template, (reasoning, tools)); the first that fits wins
-    ((r"<\|channel\|>",), ("harmony", "harmony")),
-    ((r"<\|tool_call>call:",), ("gemma4", "gemma4")),
-    ((r"<tool_call>", r"<function=", r"<parameter="), ("qwen3", "qwen3_xml")),
-    ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",), ("qwen3", "hermes")),  # a JSON object inside
-    ((r"tool▁calls▁begin|｜DSML｜",), (None, "deepseek")),
-    ((r"\[TOOL_CALLS\]", r"\[THINK\]"), ("mistral", "mistral")),
-    ((r"\[TOOL_CALLS\]",), (None, "mistral")),
-    ((r"<\|python_tag\|>|<\|eom_id\|>",), (None, "llama3_json")),
-    ((r"<\|start_header_id\|>", r'"parameters"'), (None, "llama3_json")),
-]
-
-
-def default_parsers(template_source: str | None) -> tuple[str | None, str | None]:
-    """(reasoning, tools) for a chat template's text where its syntax says so unambiguously;
-    (None, "json") otherwise (the built-in template, an unknown one)."""
-    if not template_source:
-        return None, "json"
-    if "<arg_key>" in template_source:
-        return None, None  # GLM's own call syntax, which no parser here reads
-    for patterns, (reasoning, tools) in _PICKS:
-        if all(re.search(p, template_source) for p in patterns):
-            if reasoning == "qwen3" and "<think>" not in template_source:
-                reasoning = None  # Qwen2.5 and Hermes: tool calls, no thinking
-            if tools == "deepseek" and "<think>" in template_source:
-                reasoning = "deepseek_r1"
-            return reasoning, tools
-    if "<think>" in template_source and "<｜Assistant｜>" in template_source:
-        return "deepseek_r1", "json"  # the R1 distills: no tool syntax of their own
-    return None, "json"

@@ -8,6 +8,9 @@ output of a prompt that ends with `<|start|>assistant` starts at `<|channel|>`. 
 declared tool whose body is its arguments, and commentary without a recipient is content
 (a preamble). Messages to other recipients (built-in tools, undeclared functions) are
 not the user's: they are left out.
+
+Harmony is both a reasoning and a tool format: its reasoning is the analysis channel, and
+its parser reads the whole output's tokens.
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Sequence
 
+from swaserve.chat.calls import CallLog
+from swaserve.chat.events import Event, OutputParser, TextParser
+from swaserve.chat.formats.base import ChatFormat
+from swaserve.chat.lark import ANY_TEXT, Lark, txt
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
-from swaserve.server.chat_output import Event
-from swaserve.server.tool_output import CallLog
 
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 STRUCTURE = (START, CHANNEL, CONSTRAIN, MESSAGE, *ENDS)
 _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in STRUCTURE) + ")")
 _RECIPIENT = re.compile(r"\bto=(\S+)")
+_GRAMMAR_TOKENS = (CHANNEL, MESSAGE, "<|end|>", START)  # a grammar's markers, as tokens
 
 
 class HarmonyParser:
@@ -121,3 +127,42 @@ class HarmonyParser:
 
     def finish(self) -> list[Event]:
         return []
+
+
+class Harmony(ChatFormat):
+    """The Harmony format, as its tool format and as its reasoning block alike."""
+
+    name = "harmony"
+    patterns = ((r"<\|channel\|>",),)
+    has_call_grammar = True
+    reads_tokens = True
+
+    def reasoning_in(self, template: str) -> str | None:
+        return "harmony"
+
+    def token_parser(self, tokenizer: Tokenizer, *, tool_names: Collection[str] | None,
+                     parallel_tool_calls: bool, prompt: str) -> OutputParser:
+        return HarmonyParser(tokenizer, tool_names=tool_names,
+                             parallel_tool_calls=parallel_tool_calls, prompt=prompt)
+
+    def constrains_calls(self, lk: Lark) -> bool:
+        return lk.has_tokens(*_GRAMMAR_TOKENS)
+
+    def call_grammar(self, lk: Lark, name: str, args: dict, template: str) -> str:
+        # the recipient in the header, as gpt-oss's template writes calls
+        return " ".join([txt(f" to=functions.{name}"), lk.mark(CHANNEL),
+                         txt("commentary json"), lk.mark(MESSAGE), lk.json(args)])
+
+    def lead(self, lk: Lark, prompt: str) -> str:
+        """An analysis message before a constrained answer, where the markers are tokens."""
+        if not lk.has_tokens(*_GRAMMAR_TOKENS):
+            return ""
+        return (f"({lk.mark(CHANNEL)} {txt('analysis')} {lk.mark(MESSAGE)} "
+                f"{ANY_TEXT} {lk.mark('<|end|>', START)} {txt('assistant')})?")
+
+    def answer(self, lk: Lark, body: str) -> str:
+        """A constrained answer is the final channel's message."""
+        return f"{lk.mark(CHANNEL)} {txt('final')} {lk.mark(MESSAGE)} {body}"
+
+    def splitter(self, inner: TextParser, prompt: str) -> TextParser:
+        raise NotImplementedError("harmony reads tokens: see token_parser")

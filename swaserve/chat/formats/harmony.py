@@ -22,8 +22,8 @@ from swaserve.chat.calls import CallLog
 from swaserve.chat.events import Event, OutputParser, TextParser
 from swaserve.chat.formats.base import ChatFormat
 from swaserve.chat.lark import ANY_TEXT, Lark, txt
+from swaserve.chat.reader import SegmentReader
 from swaserve.checkpoint.tokenizer import Tokenizer
-from swaserve.engine.detokenizer import IncrementalDetokenizer
 
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -45,7 +45,7 @@ class HarmonyParser:
         self._out: list[Event] = []
         self._calls = CallLog(self._out, tool_names or (), parallel_tool_calls)
         self._tools = tool_names
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+        self._reader = SegmentReader(tokenizer, self._structure.get)
         self._state = "role"  # role | header | constrain | body | idle
         self._fields = {"role": "assistant", "header": "", "constrain": ""}
         self._kind: str | None = None  # the body's event kind, None when left out
@@ -106,15 +106,11 @@ class HarmonyParser:
     def feed(self, token_ids: Sequence[int]) -> list[Event]:
         for t in token_ids:
             in_analysis = self._kind == "reasoning"
-            special = self._structure.get(t)
-            if special is not None or t in self.tok.special_ids:
-                self._detok = IncrementalDetokenizer(self.tok, skip_special_tokens=False)
-                if special is not None:
-                    self._special(special)
-            else:
-                delta = self._detok.add(t)
-                if delta:
-                    self._text(delta)
+            special, text = self._reader.read(t)
+            if special is not None:
+                self._special(special)
+            elif text:
+                self._text(text)
             if self._state in ("role", "header", "constrain") or special == MESSAGE:
                 self._header_tokens += 1
                 if special == MESSAGE and self._kind == "reasoning":

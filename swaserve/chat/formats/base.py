@@ -1,10 +1,10 @@
 """What a chat format is: one class per family's output syntax, carrying everything the
-server needs to know of it (formats/__init__.py registers them).
+server needs to know of it (chat/registry.py registers them).
 
 - its detection: `patterns` a chat template's text must have, and the reasoning block
   the template shows (`reasoning_in`);
-- its reasoning block (`reasoning`, a `think.ThinkBlock` or the format itself where it
-  reads its own tokens, as Harmony does);
+- its reasoning block (`reasoning`, a `think.ThinkBlock`; a format that reads its own
+  tokens, as Harmony does, is its own reasoning block in the registry);
 - its markers and streaming call parser (`calls`: a `TextParser` class, whose `markers`
   are the special tokens it reads as structure);
 - its call grammar (`call_grammar`): a required or named call in the syntax the model
@@ -19,6 +19,7 @@ from typing import ClassVar, Protocol
 
 from swaserve.chat.events import OutputParser, TextParser
 from swaserve.chat.lark import Lark
+from swaserve.chat.think import ThinkBlock
 from swaserve.checkpoint.tokenizer import Tokenizer
 
 
@@ -46,7 +47,7 @@ class ChatFormat:
     name: ClassVar[str]
     # alternatives, each a list of regular expressions all found in the template
     patterns: ClassVar[tuple[tuple[str, ...], ...]] = ()
-    reasoning: ClassVar[Reasoning | None] = None  # the block its templates show
+    reasoning: ClassVar[ThinkBlock | None] = None  # the block its templates show
     calls: ClassVar[type | None] = None  # its streaming call parser: (tool_names, parallel)
     has_call_grammar: ClassVar[bool] = False
     reads_tokens: ClassVar[bool] = False  # it parses token ids itself (`token_parser`)
@@ -58,8 +59,10 @@ class ChatFormat:
         return None
 
     def reasoning_in(self, template: str) -> str | None:
-        """The reasoning parser of a template in this format: its block, where it shows."""
-        return self.reasoning.name if self.reasoning is not None else None
+        """The reasoning parser of a template in this format: its block, where the template
+        writes the block's opening tag."""
+        r = self.reasoning
+        return r.name if r is not None and r.open in template else None
 
     def call_parser(self, tool_names: Collection[str] | Mapping[str, dict],
                     parallel: bool) -> TextParser:

@@ -143,9 +143,6 @@ class DeepSeek(ChatFormat):
     calls = DeepSeekCalls
     has_call_grammar = True
 
-    def reasoning_in(self, template: str) -> str | None:
-        return "deepseek_r1" if "<think>" in template else None
-
     def call_grammar(self, lk: Lark, name: str, args: dict, template: str) -> str:
         return " ".join([lk.mark("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"), txt(name),
                          lk.mark("<｜tool▁sep｜>"), lk.json(args),

@@ -112,3 +112,6 @@ class Gemma4(ChatFormat):
     patterns = ((r"<\|tool_call>call:",),)
     reasoning = GEMMA4_THOUGHT
     calls = Gemma4Calls
+
+    def reasoning_in(self, template: str) -> str | None:
+        return self.reasoning.name  # every Gemma 4 template may think

@@ -134,7 +134,7 @@ class Harmony(ChatFormat):
     reads_tokens = True
 
     def reasoning_in(self, template: str) -> str | None:
-        return "harmony"
+        return self.name
 
     def token_parser(self, tokenizer: Tokenizer, *, tool_names: Collection[str] | None,
                      parallel_tool_calls: bool, prompt: str) -> OutputParser:

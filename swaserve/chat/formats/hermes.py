@@ -31,12 +31,9 @@ class Hermes(ChatFormat):
 
     name = "hermes"
     patterns = ((r"<tool_call>[ \t]*(\\n|\n)\s*\{",),)  # a JSON object inside
-    reasoning = QWEN3_THINK
+    reasoning = QWEN3_THINK  # where the template thinks (not Qwen2.5's, Hermes')
     calls = HermesCalls
     has_call_grammar = True
-
-    def reasoning_in(self, template: str) -> str | None:
-        return "qwen3" if "<think>" in template else None  # Qwen2.5 and Hermes: no thinking
 
     def call_grammar(self, lk: Lark, name: str, args: dict, template: str) -> str:
         return " ".join([lk.mark("<tool_call>"), txt("\n"), lk.json(exact_object(

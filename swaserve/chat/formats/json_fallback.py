@@ -53,5 +53,4 @@ class Json(ChatFormat):
     calls = JsonFallbackCalls
 
     def reasoning_in(self, template: str) -> str | None:
-        r1 = "<think>" in template and "<｜Assistant｜>" in template
-        return "deepseek_r1" if r1 else None
+        return super().reasoning_in(template) if "<｜Assistant｜>" in template else None

@@ -106,9 +106,6 @@ class Mistral(ChatFormat):
     calls = MistralCalls
     has_call_grammar = True
 
-    def reasoning_in(self, template: str) -> str | None:
-        return "mistral" if "[THINK]" in template else None
-
     def call_grammar(self, lk: Lark, name: str, args: dict, template: str) -> str:
         if "[ARGS]" in template:  # Small 3.2 and later: [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{}
             call_id = (f" {lk.mark('[CALL_ID]')} /[a-zA-Z0-9]{{9}}/" if "[CALL_ID]" in template

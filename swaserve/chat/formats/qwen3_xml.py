@@ -69,6 +69,3 @@ class Qwen3Xml(ChatFormat):
     patterns = ((r"<tool_call>", r"<function=", r"<parameter="),)
     reasoning = QWEN3_THINK
     calls = Qwen3XmlCalls
-
-    def reasoning_in(self, template: str) -> str | None:
-        return "qwen3" if "<think>" in template else None

@@ -25,6 +25,7 @@ LAYERS = [
     ["distributed"],
     ["mlx"],
     ["engine"],
+    ["chat"],
     ["server", "entrypoints"],
     ["ray"],
     ["cli"],

@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 
+from swaserve.chat.registry import REASONING_PARSERS, TOOL_PARSERS
+from swaserve.chat.template import ChatTemplate
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
-from swaserve.server.chat_output import REASONING_PARSERS, TOOL_PARSERS
-from swaserve.server.chat_template import ChatTemplate
 from swaserve.server.factory import ServerOptions
 
 log = logging.getLogger("swaserve")

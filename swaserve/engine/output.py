@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.detokenizer import IncrementalDetokenizer
 from swaserve.engine.faults import FaultInjector
 from swaserve.engine.request import FinishReason, Request
 from swaserve.engine.scheduler import Scheduler
+from swaserve.engine.stops import StopStrings
 
 log = logging.getLogger("swaserve")
+
+
+class _Reader(NamedTuple):
+    """A request's output text, read once as its tokens come, and its stop strings."""
+
+    detok: IncrementalDetokenizer
+    stops: StopStrings
 
 
 class OutputProcessor:
@@ -26,15 +35,16 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.faults = faults  # a test hook: see engine/faults.py
-        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._readers: dict[str, _Reader] = {}
 
     def add(self, req: Request) -> None:
         if self.tokenizer is not None:
-            self._detok[req.request_id] = IncrementalDetokenizer(
-                self.tokenizer, req.params.skip_special_tokens)
+            self._readers[req.request_id] = _Reader(
+                IncrementalDetokenizer(self.tokenizer, req.params.skip_special_tokens),
+                StopStrings(req.params.stop))
 
     def release(self, request_id: str) -> None:
-        self._detok.pop(request_id, None)
+        self._readers.pop(request_id, None)
 
     def accept(self, req: Request, tok: int, logprobs: dict[int, float] | None,
                now: float | None = None) -> None:
@@ -63,19 +73,16 @@ class OutputProcessor:
 
     def _check_stop(self, req: Request, tok: int) -> None:
         p = req.params
-        detok = self._detok.get(req.request_id)
-        if detok is not None:
+        reader = self._readers.get(req.request_id)
+        if reader is not None:
             self._check("detokenizer", req)
-            prev = len(detok.text)
-            detok.add(tok)
-            req.output_text = detok.text
-            if p.stop and req.num_output_tokens >= p.min_tokens:
-                longest = max(len(s) for s in p.stop)
-                start = max(0, prev - longest + 1)
-                hits = [(req.output_text.find(s, start), s) for s in p.stop]
-                hits = [(i, s) for i, s in hits if i >= 0]
-                if hits:
-                    i, s = min(hits)
+            prev = len(reader.detok.text)
+            reader.detok.add(tok)
+            req.output_text = reader.detok.text
+            if reader.stops.stops and req.num_output_tokens >= p.min_tokens:
+                hit = reader.stops.first(req.output_text, prev)
+                if hit is not None:
+                    i, s = hit
                     req.output_text = req.output_text[:i]
                     req.stop_reason = s
                     self.scheduler.finish(req, FinishReason.STOP)

@@ -1,8 +1,8 @@
 """The HTTP app (FastAPI): one server's routes, by API surface, over the shared request
 lifecycle (lifecycle.py), and its errors.
 
-Routes: routes_openai.py (models, completions, chat), routes_responses.py
-(/v1/responses, on the chat path), routes_anthropic.py (/v1/messages), routes_embeddings.py
+Routes: openai/routes.py (models, completions, chat), responses/routes.py
+(/v1/responses, on the chat path), anthropic/routes.py (/v1/messages), openai/embeddings.py
 (/v1/embeddings), routes_tokens.py (/tokenize, /detokenize, /tokenizer_info),
 routes_admin.py (/health, /metrics). Every error leaves as `{"error": {message, type,
 param, code}}` (OpenAI's shape) unless its path belongs to a surface in `_ERROR_BODIES`,
@@ -22,19 +22,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swaserve.server import (
-    anthropic_format,
-    routes_admin,
-    routes_anthropic,
-    routes_embeddings,
-    routes_openai,
-    routes_responses,
-    routes_tokens,
-)
+from swaserve.server import routes_admin, routes_tokens
+from swaserve.server.anthropic import answer as anthropic_format
+from swaserve.server.anthropic import routes as routes_anthropic
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, validation_error
 from swaserve.server.guard import Guard, add_cors
 from swaserve.server.metrics import REJECT_REASONS, Metrics
+from swaserve.server.openai import embeddings as routes_embeddings
+from swaserve.server.openai import routes as routes_openai
+from swaserve.server.responses import routes as routes_responses
 from swaserve.server.state import AppState
 
 log = logging.getLogger("swaserve")
@@ -55,7 +52,7 @@ def create_app(aengine: AsyncEngine, model_name: str | Sequence[str],
     """The app of one engine, served under one name or several (answers report the
     first). `chat_template` (a template's text) replaces the model's own; `template_kwargs`
     are the template variables every chat gets by default; the parsers name the output's
-    formats (chat_output.py), `auto` or `none`; `allowed_origins` turns on CORS for those
+    formats (chat/registry.py), `auto` or `none`; `allowed_origins` turns on CORS for those
     browser origins."""
     metrics = Metrics()
     aengine.metrics = metrics

@@ -19,74 +19,21 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
-from swaserve.engine.embedder import EmbedJob
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import FinishReason, Request, RequestError
+from swaserve.engine.stops import StopStrings
 from swaserve.engine.threads import release_openmp_workers
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.errors import param_of
 from swaserve.server.events import Delta, EngineError, Final, Stream
+from swaserve.server.inbox import Abort, Add, Command, Embed, Embedding, FailAll, Stop
 
 log = logging.getLogger("swaserve")
 _POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
 _OBSERVE_S = 0.05  # how often a busy engine thread refreshes the gauges
-
-
-@dataclass(frozen=True)
-class _Add:
-    """Queue a request (its stream is where its events go)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    grammar: CompiledGrammar | None
-    stream: Stream
-
-
-@dataclass(frozen=True)
-class _Abort:
-    """Drop a request and free its memory (its client went away)."""
-
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _FailAll:
-    """End every request with this message (shutdown's last word to the clients)."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class _Stop:
-    """Abort every request and end the engine thread."""
-
-
-@dataclass(frozen=True)
-class _Embed:
-    """Queue prompts to embed (engine/embedder.py); `reply` gets their vectors or an
-    EngineError, on the engine thread. `_Abort(request_id)` drops them."""
-
-    request_id: str
-    prompts: list[list[int]]
-    reply: Callable[[list[list[float]] | EngineError], None]
-    deadline: float | None
-
-
-@dataclass
-class _Embedding:
-    """An embedding request in the embedder's queue, as the engine thread tracks it."""
-
-    job: EmbedJob
-    reply: Callable[[list[list[float]] | EngineError], None]
-    deadline: float | None
-
-
-_Command = _Add | _Abort | _FailAll | _Stop | _Embed  # what the engine thread's inbox carries
 
 
 class AsyncEngine:
@@ -101,9 +48,9 @@ class AsyncEngine:
         self.draining = False  # shutting down: no new requests
         self._admitted = 0  # let in by `admit`, not yet in the scheduler's queue
         self._lock = threading.Lock()
-        self._inbox: queue.Queue[_Command] = queue.Queue()
+        self._inbox: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, Stream] = {}
-        self._embeds: dict[str, _Embedding] = {}
+        self._embeds: dict[str, Embedding] = {}
         self._stop = threading.Event()
         # from here on only the engine thread runs the model: the idle OpenMP workers that
         # loading left on this thread would make every parallel region there wake its own
@@ -151,13 +98,13 @@ class AsyncEngine:
         stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         if self.request_timeout is not None:
             stream.deadline = time.monotonic() + self.request_timeout
-        self._inbox.put(_Add(request_id, prompt_ids, params, grammar, stream))
+        self._inbox.put(Add(request_id, prompt_ids, params, grammar, stream))
         if not self.alive:  # it died: its last act answers the inbox, but maybe before this
             stream.put(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return self._events(request_id, stream)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
+        self._inbox.put(Abort(request_id))
 
     async def embed(self, prompts: list[list[int]], request_id: str) -> list[list[float]]:
         """Embed one admitted request's prompts on the engine thread, between its steps;
@@ -179,7 +126,7 @@ class AsyncEngine:
 
         deadline = (time.monotonic() + self.request_timeout
                     if self.request_timeout is not None else None)
-        self._inbox.put(_Embed(request_id, prompts, reply, deadline))
+        self._inbox.put(Embed(request_id, prompts, reply, deadline))
         if not self.alive:
             reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return await answer
@@ -202,10 +149,10 @@ class AsyncEngine:
 
     def fail_streams(self, message: str) -> None:
         """End every request with an error (shutdown's last word to the clients)."""
-        self._inbox.put(_FailAll(message))
+        self._inbox.put(FailAll(message))
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._inbox.put(_Stop())
+        self._inbox.put(Stop())
         self._thread.join(timeout)
         self.engine.close()
 
@@ -222,10 +169,10 @@ class AsyncEngine:
                     cmd = self._inbox.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(cmd, _Add | _Embed):
+                if isinstance(cmd, Add | Embed):
                     self.cancel_admission()
                     err = EngineError(f"the engine stopped: {self.dead}", code="engine_dead")
-                    if isinstance(cmd, _Add):
+                    if isinstance(cmd, Add):
                         cmd.stream.put(err)
                     else:
                         cmd.reply(err)
@@ -273,23 +220,23 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _handle(self, cmd: _Command) -> None:
+    def _handle(self, cmd: Command) -> None:
         match cmd:
-            case _Stop():
+            case Stop():
                 for rid in list(self._streams):
                     self._abort(rid)
                 self._stop.set()
-            case _Add():
+            case Add():
                 self._add(cmd)
-            case _Abort(rid):
+            case Abort(rid):
                 if self._abort(rid) and self.metrics is not None:
                     self.metrics.aborted.inc()
-            case _FailAll(message):
+            case FailAll(message):
                 self._fail_all(EngineError(message, code="shutting_down"))
-            case _Embed():
+            case Embed():
                 self._embed(cmd)
 
-    def _embed(self, cmd: _Embed) -> None:
+    def _embed(self, cmd: Embed) -> None:
         def done(job) -> None:
             self._embeds.pop(cmd.request_id, None)
             err = job.error
@@ -297,13 +244,13 @@ class AsyncEngine:
                       else EngineError(err.message, err.status, err.type, err.code))
         try:
             job = self.engine.add_embedding(cmd.prompts, done)
-            self._embeds[cmd.request_id] = _Embedding(job, cmd.reply, cmd.deadline)
+            self._embeds[cmd.request_id] = Embedding(job, cmd.reply, cmd.deadline)
         except ValueError as e:
             cmd.reply(EngineError(str(e), 400, "invalid_request_error", param=param_of(e)))
         finally:
             self.cancel_admission()  # it is in the embedder's queue now (or refused)
 
-    def _add(self, cmd: _Add) -> None:
+    def _add(self, cmd: Add) -> None:
         rid, params, stream = cmd.request_id, cmd.params, cmd.stream
         try:
             stream.reqs = self.engine.add_request(cmd.prompt_ids, params, request_id=rid,
@@ -319,10 +266,7 @@ class AsyncEngine:
         finally:
             self.num_waiting = len(self.engine.scheduler.waiting)
             self.cancel_admission()  # it is in the scheduler's queue now (or refused)
-        n = len(stream.reqs)
-        stream.sent_tokens, stream.sent_chars = [0] * n, [0] * n
-        stream.done, stream.started = [False] * n, [False] * n
-        stream.holdback = max((len(s) for s in params.stop or []), default=1) - 1
+        stream.opened(StopStrings(params.stop))
         self._streams[rid] = stream
 
     def _abort(self, rid: str) -> bool:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from swaserve.chat.template import ChatTemplateError
+from swaserve.chat.tools import ToolPlan, template_messages
 from swaserve.sampling.json_bounds import json_excess
-from swaserve.server.chat_template import ChatTemplateError
 from swaserve.server.errors import APIError
 from swaserve.server.state import AppState
-from swaserve.server.tools import ToolPlan, template_messages
 
 MAX_NESTING = 128
 

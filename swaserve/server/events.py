@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from swaserve.engine.request import Request
+from swaserve.engine.stops import StopStrings
 
 
 @dataclass
@@ -61,6 +62,14 @@ class Stream:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the client's event loop is closed: nobody is listening
             pass
+
+    def opened(self, stops: StopStrings) -> None:
+        """Its requests are in the engine (`reqs`): nothing sent yet, and text that may
+        still begin one of `stops` held back."""
+        n = len(self.reqs)
+        self.sent_tokens, self.sent_chars = [0] * n, [0] * n
+        self.done, self.started = [False] * n, [False] * n
+        self.holdback = stops.holdback
 
     def delta(self, i: int, req: Request) -> Delta | None:
         """Completion i's new output since its last event, or None when there is none."""

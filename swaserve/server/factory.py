@@ -9,11 +9,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from swaserve.chat.registry import REASONING_PARSERS, TOOL_PARSERS
+from swaserve.chat.template import RESERVED_KWARGS
 from swaserve.config import EngineConfig
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from swaserve.server.async_engine import AsyncEngine
-from swaserve.server.chat_output import REASONING_PARSERS, TOOL_PARSERS
-from swaserve.server.chat_template import RESERVED_KWARGS
 
 
 @dataclass(frozen=True)

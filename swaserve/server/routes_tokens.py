@@ -7,11 +7,11 @@ import asyncio
 
 from fastapi import FastAPI
 
+from swaserve.server.chat_path import plan_tools
 from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
-from swaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+from swaserve.server.openai.protocol import DetokenizeRequest, TokenizeRequest
 from swaserve.server.state import AppState
-from swaserve.server.tools import plan_tools
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:

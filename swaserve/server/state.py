@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from swaserve.chat.registry import default_parsers
+from swaserve.chat.template import GEMMA_END_OF_TURN, ChatTemplate
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.engine import Engine
 from swaserve.server.async_engine import AsyncEngine
-from swaserve.server.chat_output import default_parsers
-from swaserve.server.chat_template import GEMMA_END_OF_TURN, ChatTemplate
 from swaserve.server.errors import APIError
 from swaserve.server.metrics import Metrics
 
@@ -27,7 +27,7 @@ class AppState:
     template: ChatTemplate | None  # None: the model has no tokenizer, so no chat
     end_of_turn: int | None  # a stop token of every chat (Gemma's, under the built-in template)
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's defaults
-    # the output's formats (chat_output.py): reasoning, and tool calls; None: none
+    # the output's formats (chat/registry.py): reasoning, and tool calls; None: none
     reasoning_parser: str | None = None
     tool_parser: str | None = None
 

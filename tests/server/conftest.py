@@ -139,7 +139,8 @@ ODD_BUT_FINE = [  # malformed-looking requests that are valid and must be served
 def parse_in_cuts(tokenizer, ids, cuts, **options):
     """The merged events of one output fed to a fresh parser in the pieces `cuts` (token
     counts), and its reasoning_tokens; call ids blanked after their format is checked."""
-    from swaserve.server.chat_output import make_output_parser, merge_events
+    from swaserve.chat.events import merge_events
+    from swaserve.chat.registry import make_output_parser
 
     parser = make_output_parser(tokenizer, **options)
     events, at = [], 0

@@ -335,7 +335,7 @@ def test_engine_failure_mid_stream_is_an_error_event(gpt_oss_chat):
 def test_error_types_follow_anthropic_statuses():
     """The server's 503 (full, or its engine gone) is Anthropic's 529 overloaded_error; the
     rest keep their status under Anthropic's type names."""
-    from swaserve.server.anthropic_format import error_body, error_status
+    from swaserve.server.anthropic.answer import error_body, error_status
     from swaserve.server.errors import APIError
 
     cases = [(400, 400, "invalid_request_error"), (401, 401, "authentication_error"),

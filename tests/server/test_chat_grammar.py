@@ -1,4 +1,4 @@
-"""Required and named calls in the family's own syntax (server/chat_grammar.py): the grammar
+"""Required and named calls in the family's own syntax (chat/grammar.py): the grammar
 accepts a call exactly as the family's real chat template writes it into the history, and
 the family's output parser reads that call back; a JSON answer may follow reasoning."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from swaserve.chat.events import merge_events
+from swaserve.chat.grammar import CALL_GRAMMARS, answer_grammar
+from swaserve.chat.registry import make_output_parser
+from swaserve.chat.tools import ToolPlan
 from swaserve.sampling.grammar import GrammarCompiler
-from swaserve.server.chat_grammar import CALL_GRAMMARS, answer_grammar
-from swaserve.server.chat_output import make_output_parser, merge_events
-from swaserve.server.tools import ToolPlan
 from tests.helpers.tokenizers import load_tokenizer
 
 pytest.importorskip("llguidance")

@@ -79,7 +79,7 @@ def prompt_text(app, body: dict) -> str:
 
 
 def test_tokenize_answers_the_ids_a_chat_is_prompted_with(app, monkeypatch):
-    from swaserve.server import routes_openai
+    from swaserve.server.openai import routes as routes_openai
 
     sent = []
     real = routes_openai.answer
@@ -103,7 +103,7 @@ def test_tokenize_answers_the_ids_a_chat_is_prompted_with(app, monkeypatch):
 def test_the_prompt_matches_transformers(app, model_dir):
     from transformers import AutoTokenizer
 
-    from swaserve.server.tools import template_messages
+    from swaserve.chat.tools import template_messages
 
     body = {"messages": [USER, {"role": "assistant", "content": "hm",
                                 "reasoning_content": "think"}, USER],

@@ -8,8 +8,8 @@ import datetime as dt
 
 import pytest
 
-from swaserve.server import chat_template as ct
-from swaserve.server.chat_template import ChatTemplate, ChatTemplateError
+from swaserve.chat import template as ct
+from swaserve.chat.template import ChatTemplate, ChatTemplateError
 
 USER = [{"role": "user", "content": "hi"}]
 

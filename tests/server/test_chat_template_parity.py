@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from swaserve.server import chat_template as ct
-from swaserve.server.chat_template import ChatTemplate, ChatTemplateError
+from swaserve.chat import template as ct
+from swaserve.chat.template import ChatTemplate, ChatTemplateError
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 FROZEN = dt.datetime(2026, 3, 14, 9, 26, 53)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from swaserve.server.chat_output import Event, merge_events
+from swaserve.chat.events import Event, merge_events
 from tests.helpers.tokenizers import load_tokenizer, write_tiktoken_file
 from tests.server.conftest import parse_in_cuts
 

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from swaserve.server.chat_output import make_output_parser, merge_events
+from swaserve.chat.events import merge_events
+from swaserve.chat.registry import make_output_parser
 from tests.helpers.tokenizers import load_tokenizer
 from tests.server.conftest import blank_ids, parse_in_cuts, random_cuts
 

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from swaserve.server.chat_output import Event, default_parsers
+from swaserve.chat.events import Event
+from swaserve.chat.registry import default_parsers
 from tests.helpers.tokenizers import load_tokenizer
 from tests.server.conftest import parse_in_cuts, random_cuts
 
@@ -70,7 +71,7 @@ def test_magistral_think_then_a_call():
 
 def test_unknown_parsers_are_refused():
     tok = load_tokenizer("qwen3")
-    from swaserve.server.chat_output import make_output_parser
+    from swaserve.chat.registry import make_output_parser
 
     with pytest.raises(ValueError, match="reasoning"):
         make_output_parser(tok, reasoning="nope", tools=None, tool_names=None)

@@ -133,7 +133,7 @@ def test_a_failure_mid_stream_is_response_failed():
 
     from swaserve.server.errors import APIError
     from swaserve.server.events import Delta
-    from swaserve.server.responses_format import ResponsesFormat
+    from swaserve.server.responses.answer import ResponsesFormat
 
     fmt = ResponsesFormat("tiny", {"tools": [], "tool_choice": "auto",
                                    "parallel_tool_calls": True}, None, None)

@@ -1,4 +1,4 @@
-"""Tool calling (server/tools.py) with the official openai client, in process over httpx's
+"""Tool calling (chat/tools.py) with the official openai client, in process over httpx's
 ASGI transport on a tiny model with a real tokenizer: named and required calls whose
 arguments parse and validate (sync and streamed), calls parsed from the model's own text
 (auto), a second turn with the tool's result, and the 400s."""
@@ -10,7 +10,7 @@ import json
 import jsonschema
 import pytest
 
-from swaserve.server.tools import parse_auto
+from swaserve.chat.tools import parse_auto
 from tests.conftest import inprocess_app, run_client
 
 pytest.importorskip("llguidance")

@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import NamedTuple
 
 from fastapi import FastAPI, Request
 
-from swaserve.server.adapter import (
+from swaserve.server.chat_path import prepare_chat
+from swaserve.server.errors import APIError
+from swaserve.server.lifecycle import Prepared, answer, encode, prepare_all
+from swaserve.server.openai.adapter import (
     CompletionFormat,
     ResponseFormat,
     sampling_params,
     schema_param,
 )
-from swaserve.server.chat_format import ChatFormat, ChatOutput
-from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
-from swaserve.server.errors import APIError
-from swaserve.server.lifecycle import Prepared, answer, encode, prepare, prepare_all
-from swaserve.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from swaserve.server.openai.chat import ChatFormat
+from swaserve.server.openai.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from swaserve.server.state import AppState
-from swaserve.server.tools import ToolPlan, plan_tools
 
 
 def add_routes(app: FastAPI, state: AppState) -> None:
@@ -89,46 +87,6 @@ async def _completions(state: AppState, body: CompletionRequest, request: Reques
                 for q, p in zip(prompts, prepared)]
     fmt = _format(state, CompletionFormat, body, prepared, params.logprobs, echo=echo)
     return await answer(state, request, prepared, fmt, body.stream)
-
-
-class PreparedChat(NamedTuple):
-    """A chat admitted and ready to queue: its prompt, how its output is constrained and
-    read (`output.parser()`), its tool plan and how many top logprobs it asks for."""
-
-    prepared: Prepared
-    output: ChatOutput
-    tools: ToolPlan | None
-    num_logprobs: int | None
-
-
-async def prepare_chat(state: AppState, body: ChatCompletionRequest) -> PreparedChat:
-    """A chat body checked, rendered through the chat template, tokenized and admitted:
-    what every surface built on chat (Responses, Anthropic Messages) shares with
-    /v1/chat/completions. A 400 names the field at fault."""
-    state.check_model(body.model)
-    if state.template is None:
-        raise APIError(400, "messages: this model has no tokenizer, so chat is unavailable",
-                       "messages")
-    if body.top_logprobs is not None and not body.logprobs:
-        raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
-    n_lp = (body.top_logprobs or 0) if body.logprobs else None
-    max_tokens = (body.max_completion_tokens if body.max_completion_tokens is not None
-                  else body.max_tokens)
-    tools = plan_tools(body)
-    params = sampling_params(body, max_tokens, n_lp, state.max_model_len)
-    if state.end_of_turn is not None:
-        params.stop_token_ids = list(params.stop_token_ids or []) + [state.end_of_turn]
-    output = ChatOutput(state, body, tools, params)
-
-    def render() -> list[int]:
-        text = chat_prompt(state, body, tools)
-        output.prompted(text)
-        return encode(state, text, "messages",
-                      add_special_tokens=not starts_with_bos(state, text))
-
-    prepared = await prepare(state, params, render, "messages", max_tokens,
-                             schema_param(body, tools=tools is not None))
-    return PreparedChat(prepared, output, tools, n_lp)
 
 
 async def _chat(state: AppState, body: ChatCompletionRequest, request: Request):

@@ -1,17 +1,22 @@
 """Gemma 4's tool calls, `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, whose values
 are JSON-like with bare keys and strings between `<|"|>` marks. The call's body is turned
 into the arguments' JSON as it streams: keys quoted, strings escaped, scalars as they are
-(a bare word that is not a JSON scalar becomes a string)."""
+(a bare word that is not a JSON scalar becomes a string). Its reasoning is a thought
+channel, `<|channel>thought`…`<channel|>`."""
 
 from __future__ import annotations
 
 import json
 
-from swaserve.server.chat_output import held_from
-from swaserve.server.tool_output import MarkedCalls
-from swaserve.server.tool_output_xml import json_value
+from swaserve.chat.calls import MarkedCalls
+from swaserve.chat.events import held_from
+from swaserve.chat.formats.base import ChatFormat
+from swaserve.chat.tagged import json_value
+from swaserve.chat.think import ThinkBlock
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+GEMMA4_THOUGHT = ThinkBlock("gemma4", "<|channel>thought", "<channel|>",
+                            ("<|channel>", "<channel|>"))
 
 
 class Gemma4Calls(MarkedCalls):
@@ -20,6 +25,7 @@ class Gemma4Calls(MarkedCalls):
     opens = (OPEN,)
     special_opens = frozenset(opens)
     markers = frozenset({OPEN, CLOSE, QUOTE})
+    close = CLOSE
 
     def enter(self, marker: str) -> None:
         self.state, self.name = "call", ""
@@ -98,9 +104,14 @@ class Gemma4Calls(MarkedCalls):
         self.calls.args("".join(out))
         return False
 
-    def s_closing(self, final: bool) -> bool:
-        if self.expect(final, CLOSE, "content"):
-            if self.state == "content":
-                self._strip = True
-            return True
-        return False
+
+class Gemma4(ChatFormat):
+    """Gemma 4's `<|tool_call>call:` calls and its thought channel."""
+
+    name = "gemma4"
+    patterns = ((r"<\|tool_call>call:",),)
+    reasoning = GEMMA4_THOUGHT
+    calls = Gemma4Calls
+
+    def reasoning_in(self, template: str) -> str | None:
+        return self.reasoning.name  # every Gemma 4 template may think

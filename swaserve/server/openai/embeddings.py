@@ -18,7 +18,7 @@ from swaserve.models.encoder import truncate
 from swaserve.server.errors import APIError, as_api_error
 from swaserve.server.events import EngineError
 from swaserve.server.lifecycle import admit, api_error, while_connected
-from swaserve.server.protocol import EmbeddingRequest
+from swaserve.server.openai.protocol import EmbeddingRequest
 from swaserve.server.state import AppState
 
 

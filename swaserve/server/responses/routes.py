@@ -1,7 +1,7 @@
 """OpenAI's Responses API, `/v1/responses`, built on the chat path: the body becomes a chat
-request (responses_input.py), which `prepare_chat` renders through the model's chat
+request (input.py), which `prepare_chat` renders through the model's chat
 template, constrains and admits as it does /v1/chat/completions; the answer is written as
-a `response` object or its event stream (responses_format.py). Errors are in OpenAI's shape.
+a `response` object or its event stream (answer.py). Errors are in OpenAI's shape.
 
 Store decision: no responses are kept. The openai-agents SDK sends the whole conversation
 in `input` and leaves `store` and `previous_response_id` out unless told to, so keeping
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
+from swaserve.server.chat_path import prepare_chat
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import answer
-from swaserve.server.responses_format import ResponsesFormat, echoed
-from swaserve.server.responses_input import chat_request, rename
-from swaserve.server.responses_protocol import ResponsesRequest
-from swaserve.server.routes_openai import prepare_chat
+from swaserve.server.responses.answer import ResponsesFormat, echoed
+from swaserve.server.responses.input import chat_request, rename
+from swaserve.server.responses.protocol import ResponsesRequest
 from swaserve.server.state import AppState
 
 

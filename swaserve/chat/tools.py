@@ -26,9 +26,6 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from swaserve.sampling.json_bounds import check_schema_size
-from swaserve.server.errors import APIError
-
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 _FENCE = re.compile(r"```(?:json|tool_code|tool_call|python)?\s*(.*?)```", re.S)
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -36,54 +33,14 @@ _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 @dataclass
 class ToolPlan:
+    """How a request's tools are offered and its calls constrained (server/chat_path.py
+    builds it from the body's `tools` and `tool_choice`)."""
+
     mode: str  # "named" | "required" | "auto"
     parameters: dict[str, dict]  # tool name -> its arguments' JSON schema
     specs: list[dict]  # the tools as the request gave them (for the template)
     name: str | None = None  # mode "named": the function
     schema: dict | None = None  # the schema the output is constrained to (named, required)
-
-
-def plan_tools(body) -> ToolPlan | None:
-    """The request's tool plan, or None for a plain chat. A 400 names what is wrong."""
-    tools = body.tools or []
-    choice = body.tool_choice if body.tool_choice is not None else ("auto" if tools else "none")
-    if choice == "none":
-        return None
-    if not tools:
-        raise APIError(400, "tool_choice: needs tools", "tool_choice")
-    params: dict[str, dict] = {}
-    for i, t in enumerate(tools):
-        if t.function.name in params:
-            raise APIError(400, f"tools: the function name {t.function.name!r} is used twice",
-                           "tools")
-        params[t.function.name] = t.function.parameters or NO_ARGUMENTS
-        where = f"tools.{i}.function.parameters"
-        try:  # the template writes it and a call's grammar compiles it: bounded before both
-            check_schema_size(params[t.function.name], where)
-        except ValueError as e:
-            raise APIError(400, str(e), where) from None
-    specs = [t.model_dump(exclude_none=True) for t in tools]
-    if choice == "auto":
-        return ToolPlan("auto", params, specs)
-    fmt = getattr(body, "response_format", None) or {}  # /tokenize bodies have none
-    if fmt.get("type") not in (None, "text") or any(
-            getattr(body, f, None) is not None for f in ("json_schema", "guided_json", "regex",
-                                                    "guided_regex", "ebnf", "grammar",
-                                                    "guided_grammar")):
-        raise APIError(400, "tool_choice: a required or named tool call is already "
-                       "constrained; it cannot be combined with structured output",
-                       "tool_choice")
-    if choice == "required":
-        calls = [{"type": "object", "properties": {"name": {"const": n}, "arguments": p},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-                 for n, p in params.items()]
-        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return ToolPlan("required", params, specs, schema=schema)
-    name = choice.function.name
-    if name not in params:
-        raise APIError(400, f"tool_choice: function {name!r} is not among the tools",
-                       "tool_choice")
-    return ToolPlan("named", params, specs, name=name, schema=params[name])
 
 
 def new_call(name: str, arguments: str) -> dict:

@@ -1,5 +1,5 @@
 """A Responses body as the chat request it means (protocol.ChatCompletionRequest), so the
-chat path (routes_openai.prepare_chat) renders, constrains and admits it as it does chat.
+chat path (chat_path.prepare_chat) renders, constrains and admits it as it does chat.
 
 - `instructions` is a system message first; `input` a user message (a string) or items:
   messages (text parts joined), `function_call` items (an assistant turn's tool calls,
@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from swaserve.server.errors import APIError, validation_error
-from swaserve.server.protocol import ChatCompletionRequest
-from swaserve.server.responses_protocol import (
+from swaserve.server.openai.protocol import ChatCompletionRequest
+from swaserve.server.responses.protocol import (
     ITEMS,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -176,7 +176,7 @@ def _response_format(body: ResponsesRequest) -> dict | None:
 
 
 def check_unsupported(body: ResponsesRequest) -> None:
-    """A 400 for what asks for state this server does not keep (see routes_responses.py)."""
+    """A 400 for what asks for state this server does not keep (see routes.py)."""
     if body.store:
         raise APIError(400, "store: this server keeps no responses; leave store unset or "
                        "false, and send the whole conversation in input", "store")

@@ -1,6 +1,6 @@
-"""Anthropic's Messages API bodies (pydantic, strict as protocol.py's), and their mapping to
-a `ChatCompletionRequest`, so that /v1/messages runs on the chat path (routes_openai.py
-`prepare_chat`): the same template, tool plan, output constraint and parsers.
+"""Anthropic's Messages API bodies (pydantic, strict as openai/protocol.py's), and their
+mapping to a `ChatCompletionRequest`, so that /v1/messages runs on the chat path
+(chat_path.py `prepare_chat`): the same template, tool plan, output constraint and parsers.
 
 The mapping: `system` becomes a system turn; a user turn's `tool_result` blocks become
 `tool` turns (`tool_call_id`, the result's text, "Error: " before it when `is_error`) ahead
@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from swaserve.server.errors import APIError, validation_error
-from swaserve.server.protocol import (
+from swaserve.server.openai.protocol import (
     MAX_STOP,
     ChatCompletionRequest,
     Flag,

@@ -11,14 +11,12 @@ the reasoning or the text after it is dropped.
 
 from __future__ import annotations
 
-from swaserve.server.chat_output import Event, TextParser, find_marker, held_from
+from dataclasses import dataclass
+
+from swaserve.chat.events import Event, TextParser, find_marker, held_from
+from swaserve.chat.lark import ANY_TEXT, Lark
 
 THINK, END_THINK = "<think>", "</think>"
-# parser -> (the block's opening, its end, the special tokens among them)
-BLOCKS = {"qwen3": (THINK, END_THINK, (THINK, END_THINK)),
-          "deepseek_r1": (THINK, END_THINK, (THINK, END_THINK)),
-          "gemma4": ("<|channel>thought", "<channel|>", ("<|channel>", "<channel|>")),
-          "mistral": ("[THINK]", "[/THINK]", ("[THINK]", "[/THINK]"))}
 
 
 def prompt_opens_think(prompt: str, opening: str = THINK) -> bool:
@@ -26,13 +24,49 @@ def prompt_opens_think(prompt: str, opening: str = THINK) -> bool:
     return prompt.rstrip().endswith(opening)
 
 
-class ThinkSplitter:
-    """Reasoning out of a think block; the rest to `inner`. `kind` names the block's tags
-    (BLOCKS: Gemma 4 writes `<|channel>thought`…`<channel|>`)."""
+@dataclass(frozen=True)
+class ThinkBlock:
+    """A format's reasoning block: `name` is its reasoning parser's name; text between
+    `open` and `close` is reasoning; `specials` are the special tokens among them (read as
+    structure). `constrained`: a JSON answer's grammar lets the block come first."""
 
-    def __init__(self, inner: TextParser, prompt: str = "", kind: str = "qwen3"):
+    name: str
+    open: str
+    close: str
+    specials: tuple[str, ...]
+    constrained: bool = False
+    reads_tokens = False  # the format's text parser reads it (not a parser of its own)
+
+    def lead(self, lk: Lark, prompt: str) -> str:
+        """What the output may start with before a constrained answer: the block (free
+        text), or nothing where it is not constrained or its markers are not tokens here."""
+        if not self.constrained or not lk.has_tokens(self.open, self.close):
+            return ""
+        block = f"{ANY_TEXT} {lk.mark(self.close)} /[ \\n]*/"
+        if prompt_opens_think(prompt, self.open):  # the template opened the block
+            return block
+        return f"({lk.mark(self.open)} {block})?"
+
+    def answer(self, lk: Lark, body: str) -> str:
+        """A constrained answer after the block: as it is."""
+        return body
+
+    def splitter(self, inner: TextParser, prompt: str) -> TextParser:
+        """The text parser that takes the block out of the output, the rest to `inner`."""
+        return ThinkSplitter(inner, prompt, self)
+
+
+QWEN3_THINK = ThinkBlock("qwen3", THINK, END_THINK, (THINK, END_THINK), constrained=True)
+R1_THINK = ThinkBlock("deepseek_r1", THINK, END_THINK, (THINK, END_THINK), constrained=True)
+
+
+class ThinkSplitter:
+    """Reasoning out of a think block; the rest to `inner`. `block` names the block's tags
+    (Gemma 4 writes `<|channel>thought`…`<channel|>`)."""
+
+    def __init__(self, inner: TextParser, prompt: str = "", block: ThinkBlock = QWEN3_THINK):
         self.inner = inner
-        self.open, self.close, specials = BLOCKS[kind]
+        self.open, self.close, specials = block.open, block.close, block.specials
         self.markers = inner.markers | set(specials)
         self._state = "think" if prompt_opens_think(prompt, self.open) else "start"
         self._buf = ""

@@ -1,94 +1,24 @@
 """OpenAI's chat answer: the engine's events as `chat.completion` chunks and responses.
 
 Where the family's output has a structure (reasoning, tool calls in its own syntax), each
-choice's tokens go through an output parser (chat_output.py) and come out as vLLM shapes
+choice's tokens go through an output parser (chat/registry.py) and come out as vLLM shapes
 them: `reasoning_content`, `content` and `tool_calls` (a call's id, type and name first,
 then its arguments in fragments), streamed as they are read, with `finish_reason`
 "tool_calls" when a call was made. Without one, the text is the content, and a tool call
 constrained to bare JSON (the built-in template, families without a call grammar) is read
-back by tools.py.
+back by chat/tools.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
-from swaserve.sampling.params import SamplingParams
-from swaserve.server.adapter import ResponseFormat, usage
-from swaserve.server.chat_grammar import answer_grammar
-from swaserve.server.chat_output import Event, OutputParser, make_output_parser
+from swaserve.chat.events import Event, OutputParser
+from swaserve.chat.stops import ContentStops
+from swaserve.chat.tools import ToolPlan, new_call, parse_calls
 from swaserve.server.events import Delta, Final
-from swaserve.server.logprobs import chat_logprobs
-from swaserve.server.state import AppState
-from swaserve.server.tools import ToolPlan, new_call, parse_calls
-
-
-class ChatOutput:
-    """How one chat request's output is constrained and read, decided once its prompt is
-    rendered (its end says whether the output starts inside reasoning): a required or named
-    call, or a JSON answer after reasoning (or a call, with tools on offer), in the family's
-    own format (chat_grammar.py), else the constraint as given; and the output parser of
-    each choice (chat_output.py)."""
-
-    def __init__(self, state: AppState, body, plan: ToolPlan | None, params: SamplingParams):
-        self.tok, self.plan, self.params = state.tokenizer, plan, params
-        self.reasoning, self.tools = state.reasoning_parser, state.tool_parser
-        template = state.template
-        self.template = ("" if template is None or template.builtin
-                         else template.source_for(plan is not None))
-        self.json_bounds = state.engine.config.json_bounds
-        self.parallel = body.parallel_tool_calls is not False
-        self.prompt = ""
-        self.family_call = False  # a required / named call in the family's syntax
-        if plan is not None and plan.schema is not None:
-            params.json_schema = plan.schema  # bare JSON, unless the family's syntax has a grammar
-
-    def prompted(self, prompt: str) -> None:
-        """The rendered prompt: the constraint in the family's format, where it has one."""
-        self.prompt = prompt
-        p, plan = self.params, self.plan
-        schema = None
-        if plan is None or plan.mode == "auto":  # a named or required call has its schema
-            schema = {"type": "object"} if p.json_object else p.json_schema
-        grammar = answer_grammar(self.tok, reasoning=self.reasoning, tools=self.tools,
-                                 template=self.template, prompt=prompt, plan=plan,
-                                 schema=schema, json_bounds=self.json_bounds)
-        if grammar is not None:
-            p.json_schema, p.json_object, p.grammar = None, False, grammar
-            self.family_call = plan is not None and plan.mode != "auto"
-
-    def parser(self) -> Callable[[], OutputParser] | None:
-        """A maker of each choice's output parser; None where the text is the answer as it
-        is (no reasoning format, no calls to read) or a bare-JSON call (tools.py reads it)."""
-        plan = self.plan
-        if plan is not None and plan.mode != "auto" and not self.family_call:
-            return None
-        calls = plan is not None and self.tools is not None
-        if self.reasoning is None and not calls:
-            return None
-        names = None
-        if calls:
-            names = (plan.parameters if plan.mode != "named"
-                     else {plan.name: plan.parameters[plan.name]})
-        return lambda: make_output_parser(
-            self.tok, reasoning=self.reasoning, tools=self.tools if calls else None,
-            tool_names=names, parallel_tool_calls=self.parallel, prompt=self.prompt)
-
-
-def cut_at_stop(events: list[Event], tail: str, stop: str) -> list[Event]:
-    """A finishing choice's events with its content cut where the stop string begins
-    (`tail`: the content said before these events, as far back as the string reaches)."""
-    out, said = [], tail
-    for e in events:
-        if e.kind == "content":
-            j = (said + e.text).find(stop)
-            if j >= 0:
-                kept = e.text[:max(0, j - len(said))]
-                return out + ([replace(e, text=kept)] if kept else [])
-            said += e.text
-        out.append(e)
-    return out
+from swaserve.server.openai.adapter import ResponseFormat, usage
+from swaserve.server.openai.logprobs import chat_logprobs
 
 
 def message_delta(events: list[Event]) -> dict:
@@ -123,11 +53,10 @@ class ChatFormat(ResponseFormat):
                  parser: Callable[[], OutputParser] | None = None,
                  stop: list[str] | None = None, **kw):
         super().__init__(*args, **kw)
-        self.tools = tools  # tools.py: how calls are constrained
+        self.tools = tools  # chat/tools.py: how calls are constrained
         self.new_parser = parser  # one output parser per choice; None: the text as it is
         # a stop string cuts the parsed content as the engine cuts the text
-        self.stop_reach = max(map(len, stop or [""]))
-        self._tail = [""] * self.n  # each choice's last content, as far as a stop reaches
+        self._stops = [ContentStops(stop) for _ in range(self.n)]
         self._parsers: list[OutputParser | None] = [None] * self.n
         self._called = [False] * self.n  # the choice made a call
         self._reasoning_tokens = [0] * self.n
@@ -168,11 +97,7 @@ class ChatFormat(ResponseFormat):
         events = parser.feed(d.token_ids)
         if d.finish_reason:
             events += parser.finish()
-            if isinstance(d.stop_reason, str):
-                events = cut_at_stop(events, self._tail[d.index], d.stop_reason)
-        if self.stop_reach:
-            said = self._tail[d.index] + "".join(e.text for e in events if e.kind == "content")
-            self._tail[d.index] = said[-self.stop_reach:]
+        events = self._stops[d.index].read(events, bool(d.finish_reason), d.stop_reason)
         self._reasoning_tokens[d.index] = parser.reasoning_tokens
         self._called[d.index] |= any(e.kind == "call" for e in events)
         return events

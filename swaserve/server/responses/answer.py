@@ -1,11 +1,11 @@
 """OpenAI's Responses answer: the engine's events as a `response` object and its stream of
 named events, as the `openai` client's `responses.create` and `responses.stream` read them.
 
-The chat path's output parser (chat_output.py) reads the tokens into reasoning, content
+The chat path's output parser (chat/registry.py) reads the tokens into reasoning, content
 and calls; here they become output items in the order they came: a `reasoning` item
 (its text as one `reasoning_text` part), a `message` item (one `output_text` part) and a
 `function_call` item per call. Without a parser the text is the message, or the call a
-bare-JSON constraint made (tools.py reads it), as chat_format.py does.
+bare-JSON constraint made (chat/tools.py reads it), as openai/chat.py does.
 
 A stream is `event: <type>` + `data: {...}` events with increasing `sequence_number`s:
 `response.created`, `response.in_progress`, then per item `output_item.added`, its
@@ -22,11 +22,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from swaserve.server.chat_output import Event, OutputParser
+from swaserve.chat.events import Event, OutputParser
+from swaserve.chat.tools import ToolPlan, parse_calls
 from swaserve.server.errors import APIError
 from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
-from swaserve.server.tools import ToolPlan, parse_calls
 
 
 def _id(prefix: str) -> str:

@@ -1,8 +1,8 @@
 """Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens, on the chat path.
 
-A messages body is mapped to a chat body (anthropic_protocol.py), prepared as every chat
-is (routes_openai.py `prepare_chat`) and answered in Anthropic's shapes
-(anthropic_format.py). Errors on these paths leave in Anthropic's shape (app.py
+A messages body is mapped to a chat body (protocol.py), prepared as every chat
+is (chat_path.py `prepare_chat`) and answered in Anthropic's shapes
+(answer.py). Errors on these paths leave in Anthropic's shape (app.py
 `_ERROR_BODIES`), with a 400 naming the messages body's field.
 """
 
@@ -12,19 +12,18 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
-from swaserve.server.anthropic_format import MessagesFormat
-from swaserve.server.anthropic_protocol import (
+from swaserve.server.anthropic.answer import MessagesFormat
+from swaserve.server.anthropic.protocol import (
     CountTokensRequest,
     MessagesRequest,
     chat_request,
     messages_field,
 )
+from swaserve.server.chat_path import plan_tools, prepare_chat
 from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import answer, encode
-from swaserve.server.routes_openai import prepare_chat
 from swaserve.server.state import AppState
-from swaserve.server.tools import plan_tools
 
 PREFIX = "/v1/messages"
 

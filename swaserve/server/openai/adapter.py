@@ -1,6 +1,6 @@
 """The OpenAI mapping, shared by completions and chat: a request body becomes
 `SamplingParams`, and the engine's events become stream chunks and whole responses
-(completions here; chat's answer in chat_format.py)."""
+(completions here; chat's answer in chat.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from swaserve.sampling.params import SamplingParams
 from swaserve.server.errors import APIError, as_api_error
 from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
-from swaserve.server.logprobs import completion_logprobs
+from swaserve.server.openai.logprobs import completion_logprobs
 
 _PASSED_THROUGH = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed",
                    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",

@@ -1,9 +1,9 @@
 """Anthropic's Messages answer: the engine's events as a `message` with content blocks, or
 as its stream of named events, and errors in Anthropic's shape.
 
-A completion's output is read as chat reads it (chat_format.py): through the family's
+A completion's output is read as chat reads it (openai/chat.py): through the family's
 output parser where there is one, else as the text itself, a named call's bare JSON, or a
-required / auto call read back by tools.py at the end. Its events become blocks in the
+required / auto call read back by chat/tools.py at the end. Its events become blocks in the
 order they come: reasoning a `thinking` block (its signature empty: nothing here signs
 it), content a `text` block, each call a `tool_use` block whose input streams as
 `input_json_delta` fragments. The stream is message_start, ping, then per block
@@ -20,12 +20,12 @@ import json
 import uuid
 from collections.abc import Callable
 
-from swaserve.server.chat_format import cut_at_stop
-from swaserve.server.chat_output import Event, OutputParser
+from swaserve.chat.events import Event, OutputParser
+from swaserve.chat.stops import ContentStops
+from swaserve.chat.tools import ToolPlan, parse_calls
 from swaserve.server.errors import APIError
 from swaserve.server.events import Delta, Final
 from swaserve.server.lifecycle import sse
-from swaserve.server.tools import ToolPlan, parse_calls
 
 # an error's type by its HTTP status; the server's 503 (full, or its engine gone) is 529
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -51,8 +51,7 @@ class _Reader:
                  stop: list[str] | None):
         self.parser = new_parser() if new_parser is not None else None
         self.plan = plan
-        self.stop_reach = max(map(len, stop or [""]))
-        self.tail = ""  # the last content, as far as a stop string reaches
+        self.stops = ContentStops(stop)  # a stop string cuts the content as it cuts the text
         self.held = ""  # a bare-JSON required / auto call: the text, read at the end
         self.named_open = False
 
@@ -61,12 +60,7 @@ class _Reader:
             events = self.parser.feed(d.token_ids)
             if d.finish_reason:
                 events += self.parser.finish()
-                if isinstance(d.stop_reason, str):
-                    events = cut_at_stop(events, self.tail, d.stop_reason)
-            if self.stop_reach:
-                said = self.tail + "".join(e.text for e in events if e.kind == "content")
-                self.tail = said[-self.stop_reach:]
-            return events
+            return self.stops.read(events, bool(d.finish_reason), d.stop_reason)
         plan = self.plan
         if plan is None:
             return [Event("content", d.text)] if d.text else []

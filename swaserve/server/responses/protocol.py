@@ -1,8 +1,8 @@
 """OpenAI Responses request bodies (pydantic): the top-level fields of `/v1/responses`, and
-one model per kind of input item and tool, which responses_input.py checks each item
+one model per kind of input item and tool, which input.py checks each item
 against by its `type` (so that a 400 names `input.2.call_id`, not a union member).
 
-The shared field types (Text, Number, ...) are protocol.py's: the same strictness as chat.
+The shared field types (Text, Number, ...) are openai/protocol.py's: the same strictness as chat.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from swaserve.server.protocol import Flag, Integer, JSONObject, Number, Text, _utf8
+from swaserve.server.openai.protocol import Flag, Integer, JSONObject, Number, Text, _utf8
 
 
 class _Item(BaseModel):
@@ -112,7 +112,7 @@ class ReasoningConfig(_Item):
 
 class ResponsesRequest(BaseModel):
     """A `/v1/responses` body. `input` and `tools` are checked item by item
-    (responses_input.py); the extra sampling fields of chat (top_k, seed, stop, ...) and
+    (input.py); the extra sampling fields of chat (top_k, seed, stop, ...) and
     `chat_template_kwargs` are passed through to the chat request."""
 
     model_config = ConfigDict(extra="allow")

@@ -8,6 +8,9 @@ output of a prompt that ends with `<|start|>assistant` starts at `<|channel|>`. 
 declared tool whose body is its arguments, and commentary without a recipient is content
 (a preamble). Messages to other recipients (built-in tools, undeclared functions) are
 not the user's: they are left out.
+
+Harmony is both a reasoning and a tool format: its reasoning is the analysis channel, and
+its parser reads the whole output's tokens.
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Sequence
 
+from swaserve.chat.calls import CallLog
+from swaserve.chat.events import Event, OutputParser, TextParser
+from swaserve.chat.formats.base import ChatFormat
+from swaserve.chat.lark import ANY_TEXT, Lark, txt
+from swaserve.chat.reader import SegmentReader
 from swaserve.checkpoint.tokenizer import Tokenizer
-from swaserve.engine.detokenizer import IncrementalDetokenizer
-from swaserve.server.chat_output import Event
-from swaserve.server.tool_output import CallLog
 
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 STRUCTURE = (START, CHANNEL, CONSTRAIN, MESSAGE, *ENDS)
 _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in STRUCTURE) + ")")
 _RECIPIENT = re.compile(r"\bto=(\S+)")
+_GRAMMAR_TOKENS = (CHANNEL, MESSAGE, "<|end|>", START)  # a grammar's markers, as tokens
 
 
 class HarmonyParser:
@@ -39,7 +45,7 @@ class HarmonyParser:
         self._out: list[Event] = []
         self._calls = CallLog(self._out, tool_names or (), parallel_tool_calls)
         self._tools = tool_names
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+        self._reader = SegmentReader(tokenizer, self._structure.get)
         self._state = "role"  # role | header | constrain | body | idle
         self._fields = {"role": "assistant", "header": "", "constrain": ""}
         self._kind: str | None = None  # the body's event kind, None when left out
@@ -100,15 +106,11 @@ class HarmonyParser:
     def feed(self, token_ids: Sequence[int]) -> list[Event]:
         for t in token_ids:
             in_analysis = self._kind == "reasoning"
-            special = self._structure.get(t)
-            if special is not None or t in self.tok.special_ids:
-                self._detok = IncrementalDetokenizer(self.tok, skip_special_tokens=False)
-                if special is not None:
-                    self._special(special)
-            else:
-                delta = self._detok.add(t)
-                if delta:
-                    self._text(delta)
+            special, text = self._reader.read(t)
+            if special is not None:
+                self._special(special)
+            elif text:
+                self._text(text)
             if self._state in ("role", "header", "constrain") or special == MESSAGE:
                 self._header_tokens += 1
                 if special == MESSAGE and self._kind == "reasoning":
@@ -121,3 +123,42 @@ class HarmonyParser:
 
     def finish(self) -> list[Event]:
         return []
+
+
+class Harmony(ChatFormat):
+    """The Harmony format, as its tool format and as its reasoning block alike."""
+
+    name = "harmony"
+    patterns = ((r"<\|channel\|>",),)
+    has_call_grammar = True
+    reads_tokens = True
+
+    def reasoning_in(self, template: str) -> str | None:
+        return self.name
+
+    def token_parser(self, tokenizer: Tokenizer, *, tool_names: Collection[str] | None,
+                     parallel_tool_calls: bool, prompt: str) -> OutputParser:
+        return HarmonyParser(tokenizer, tool_names=tool_names,
+                             parallel_tool_calls=parallel_tool_calls, prompt=prompt)
+
+    def constrains_calls(self, lk: Lark) -> bool:
+        return lk.has_tokens(*_GRAMMAR_TOKENS)
+
+    def call_grammar(self, lk: Lark, name: str, args: dict, template: str) -> str:
+        # the recipient in the header, as gpt-oss's template writes calls
+        return " ".join([txt(f" to=functions.{name}"), lk.mark(CHANNEL),
+                         txt("commentary json"), lk.mark(MESSAGE), lk.json(args)])
+
+    def lead(self, lk: Lark, prompt: str) -> str:
+        """An analysis message before a constrained answer, where the markers are tokens."""
+        if not lk.has_tokens(*_GRAMMAR_TOKENS):
+            return ""
+        return (f"({lk.mark(CHANNEL)} {txt('analysis')} {lk.mark(MESSAGE)} "
+                f"{ANY_TEXT} {lk.mark('<|end|>', START)} {txt('assistant')})?")
+
+    def answer(self, lk: Lark, body: str) -> str:
+        """A constrained answer is the final channel's message."""
+        return f"{lk.mark(CHANNEL)} {txt('final')} {lk.mark(MESSAGE)} {body}"
+
+    def splitter(self, inner: TextParser, prompt: str) -> TextParser:
+        raise NotImplementedError("harmony reads tokens: see token_parser")

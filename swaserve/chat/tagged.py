@@ -1,0 +1,102 @@
+"""Tool calls whose parameters are delimited by tags (Qwen3-Coder / Qwen3.5's XML-like
+syntax, DeepSeek V3.2 / V4's DSML: formats/qwen3_xml.py, formats/deepseek.py), turned into
+the arguments' JSON as they stream.
+
+A value is a string when the call says so (DSML's string="true") or the tool's schema
+does (its parameter's type); a string streams, escaped as it comes. Another value is read
+whole and taken as JSON where it parses, else as a string. The newlines that open and
+close a Qwen value are the template's, not the value's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+
+from swaserve.chat.calls import MarkedCalls
+from swaserve.chat.events import find_marker, held_from
+
+
+def parameter_type(tools: Collection[str] | Mapping[str, dict], tool: str,
+                   parameter: str) -> object:
+    """The JSON schema type of a tool's parameter, where the tools came with schemas."""
+    if not isinstance(tools, Mapping):
+        return None
+    schema = tools.get(tool) or {}
+    prop = (schema.get("properties") or {}).get(parameter) or {}
+    return prop.get("type") if isinstance(prop, dict) else None
+
+
+def json_value(text: str) -> str:
+    """A held value as JSON text: itself where it parses, else a JSON string of it."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False)
+
+
+class TaggedParams(MarkedCalls):
+    """What the tagged formats share: markers in turn, names up to a delimiter, and
+    parameter values turned into the arguments' JSON as they stream."""
+
+    value_ends: tuple[str, ...] = ()
+    trims_newlines = False  # a value's opening and closing newline are the template's
+
+    def _marker_next(self, final: bool, nexts: dict[str, str]) -> bool | None:
+        """Whitespace, then one of `nexts` (-> its state); None when something else came."""
+        s = self.buf.lstrip()
+        for marker, state in nexts.items():
+            if s.startswith(marker):
+                self.raw += self.buf[:len(self.buf) - len(s) + len(marker)]
+                self.buf, self.state = s[len(marker):], state
+                return True
+        if not s or (not final and any(m.startswith(s) for m in nexts)):
+            return False
+        return None
+
+    def _upto(self, final: bool, end: str) -> str | None:
+        """The text up to `end` (consumed), or None while it has not come."""
+        i = self.buf.find(end)
+        if i < 0:
+            return None
+        text = self.buf[:i]
+        self.raw += self.buf[:i + len(end)]
+        self.buf = self.buf[i + len(end):]
+        return text
+
+    def begin_param(self, pname: str, is_string: bool) -> None:
+        """A parameter's key said; its value comes next."""
+        self.calls.args(("{" if not self.params else ", ") + json.dumps(pname) + ": ")
+        self.params += 1
+        self.is_string = is_string
+        if is_string:
+            self.calls.args('"')
+        self.state, self.value, self._lead = "value", "", self.trims_newlines
+
+    def s_value(self, final: bool) -> bool:
+        if self._lead:  # the template's newline after the parameter tag
+            if not self.buf:
+                return False
+            if self.buf.startswith("\n"):
+                self.buf = self.buf[1:]
+            self._lead = False
+        ends = self.value_ends
+        hit = find_marker(self.buf, ends)
+        if hit is None:
+            k = len(self.buf) if final else held_from(self.buf, ends)
+            self._value(self.buf[:k])
+            self.buf = self.buf[k:]
+            return False
+        i, marker = hit
+        self._value(self.buf[:i])
+        self.buf = self.buf[i + len(marker):]
+        self.calls.args('"' if self.is_string else json_value(self.value))
+        self.state = "parameters"
+        return True
+
+    def _value(self, text: str) -> None:
+        if self.is_string:
+            if text:
+                self.calls.args(json.dumps(text, ensure_ascii=False)[1:-1])
+        else:
+            self.value += text

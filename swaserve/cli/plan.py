@@ -10,6 +10,7 @@ import json
 from swaserve.cli.args import add_engine_args, add_model_arg, engine_config
 from swaserve.config import DTYPE_BYTES, TORCH_DTYPES, EngineConfig
 from swaserve.memory.kv_quant import KVFormat, kv_format
+from swaserve.memory.layout import CacheLayout
 from swaserve.memory.planner import compare_accounting, recurrent_history_bytes_per_token
 
 PLAN_FIELDS = ("model", "revision", "kv_memory", "max_running_requests", "chunk_size", "page_size", "dtype",
@@ -53,42 +54,13 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         return {k: {f: v for f, v in dataclasses.asdict(a).items() if f != "name"}
                 for k, a in acc.items()}
 
-    shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers
-              if spec.conv_state is None}
-    rec = layout.recurrent_layers
-    recurrent = None
-    if rec:  # per-request state beside the KV (Qwen3.5's Gated DeltaNet layers)
-        spec = layout.layers[rec[0]]
-        recurrent = {
-            "layers": list(rec), "conv_state": list(spec.conv_state),
-            "recurrent_state": list(spec.recurrent_state),
-            "state_bytes_per_request": layout.state_bytes_per_row(dtype_bytes),
-            # what a pool holding every layer's state by token would charge them
-            "history_bytes_per_token": recurrent_history_bytes_per_token(layout, dtype_bytes),
-        }
     return {
         "model": source.hub_id or str(source.path), "architecture": cfg.architecture,
         "kv_memory_bytes": budget, "context": context, "dtype": config.dtype,
         "kv_cache_dtype": fmt.name,
         "tensor_parallel_size": tp, "kv_heads_per_rank": local_config(cfg, tp).num_kv_heads,
-        "layers": {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
-                   # layers that read another layer's KV and store none (Gemma 4)
-                   "reusing": list(layout.reusing_layers),
-                   "kv_shape": shapes,  # [KV heads, head size] of each kind's layers
-                   "window": layout.max_window or None,
-                   "ring": layout.ring_size(config.step_tokens, config.page_size),
-                   # slots a ring adds for a draft that writes more than a chunk
-                   "draft_allowance": (layout.ring_size(config.step_tokens, config.page_size)
-                                       - layout.ring_size(config.chunk_size, config.page_size)),
-                   "step_tokens": config.step_tokens,
-                   # DeepSeek-V4: [layer, rate, raw-token ring slots, entry bytes per token,
-                   # ring bytes per request] of each compressed layer
-                   "compressed": [[i, layout.layers[i].compress.rate,
-                                   layout.layers[i].compress.span,
-                                   layout.layers[i].compress.entry_bytes_per_token(dtype_bytes),
-                                   layout.layers[i].compress.ring_bytes(dtype_bytes)]
-                                  for i in layout.compressed_layers]},
-        "recurrent": recurrent,
+        "layers": _layers_report(layout, config, dtype_bytes),
+        "recurrent": _recurrent_report(layout, dtype_bytes),
         "accounting": accounting(layout),
         # a quantized cache beside the compute dtype's, the same budget
         "unquantized_accounting": (accounting(layout, kv_format("auto", TORCH_DTYPES[config.dtype]))
@@ -96,6 +68,44 @@ def plan_report(config: EngineConfig, context: int = 32768, swa_ratio: float = 0
         # as if every layer stored its own KV: what sharing saves, side by side
         "without_kv_sharing": (accounting(layout.without_sharing())
                                if layout.reusing_layers else None),
+    }
+
+
+def _layers_report(layout: CacheLayout, config: EngineConfig, dtype_bytes: int) -> dict:
+    """The layers' kinds, KV shapes, window and ring, and compressed layers' state."""
+    shapes = {spec.kind.value: [spec.num_kv_heads, spec.head_dim] for spec in layout.layers
+              if spec.conv_state is None}
+    ring = layout.ring_size(config.step_tokens, config.page_size)
+    return {"full": list(layout.full_layers), "sliding": list(layout.sliding_layers),
+            # layers that read another layer's KV and store none (Gemma 4)
+            "reusing": list(layout.reusing_layers),
+            "kv_shape": shapes,  # [KV heads, head size] of each kind's layers
+            "window": layout.max_window or None,
+            "ring": ring,
+            # slots a ring adds for a draft that writes more than a chunk
+            "draft_allowance": ring - layout.ring_size(config.chunk_size, config.page_size),
+            "step_tokens": config.step_tokens,
+            # DeepSeek-V4: [layer, rate, raw-token ring slots, entry bytes per token, ring
+            # bytes per request] of each compressed layer
+            "compressed": [[i, layout.layers[i].compress.rate,
+                            layout.layers[i].compress.span,
+                            layout.layers[i].compress.entry_bytes_per_token(dtype_bytes),
+                            layout.layers[i].compress.ring_bytes(dtype_bytes)]
+                           for i in layout.compressed_layers]}
+
+
+def _recurrent_report(layout: CacheLayout, dtype_bytes: int) -> dict | None:
+    """Per-request state beside the KV (Qwen3.5's Gated DeltaNet layers), or None."""
+    rec = layout.recurrent_layers
+    if not rec:
+        return None
+    spec = layout.layers[rec[0]]
+    return {
+        "layers": list(rec), "conv_state": list(spec.conv_state),
+        "recurrent_state": list(spec.recurrent_state),
+        "state_bytes_per_request": layout.state_bytes_per_row(dtype_bytes),
+        # what a pool holding every layer's state by token would charge them
+        "history_bytes_per_token": recurrent_history_bytes_per_token(layout, dtype_bytes),
     }
 
 

@@ -53,23 +53,9 @@ class SDPABackend:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  ctx: ForwardContext, scale: float, sinks: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        spec = self.layout.layers[layer]
-        kind = spec.kind
+        kind = self.layout.layers[layer].kind
         dense = self._dense[layer]
-        if kind is LayerKind.FULL:
-            pool, writes = self.cache.full, ctx.view("full")
-        else:
-            pool, writes = self.cache.window, ctx.view("window")
-        k_store, v_store = k, v
-        if pool.kv_format.quantized:  # the step's own K/V read back as the pool gives them
-            kv = StoredKV.of(torch.stack((k, v)), pool.kv_format)  # one call: half the ops
-            k_store, v_store = kv[0], kv[1]
-            k, v = kv.dequantize(k.dtype).unbind(0)
-        if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
-            pool.write(dense, writes.slots, k_store, v_store)
-        if kind is LayerKind.SLIDING and spec.stores_kv and writes.pages is not None:
-            idx, wslots = writes.pages
-            self.cache.window_pages.write(dense, wslots, k_store[idx], v_store[idx])
+        pool, k, v = self._store(layer, k, v, ctx)
         num_heads, head_dim = q.shape[1], q.shape[2]
         gqa = num_heads != k.shape[1]
         outs = []
@@ -113,6 +99,29 @@ class SDPABackend:
             outs.append(o.transpose(1, 2).reshape(g.batch * g.num_queries, num_heads * head_dim))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext
+               ) -> tuple[KVBuffers, torch.Tensor, torch.Tensor]:
+        """Write the step's K/V into the layer's pool (and the window pages that a prefix
+        cache keeps); the pool and the K/V as attention reads them (a quantized pool's
+        values dequantized)."""
+        spec = self.layout.layers[layer]
+        dense = self._dense[layer]
+        if spec.kind is LayerKind.FULL:
+            pool, writes = self.cache.full, ctx.view("full")
+        else:
+            pool, writes = self.cache.window, ctx.view("window")
+        k_store, v_store = k, v
+        if pool.kv_format.quantized:  # the step's own K/V read back as the pool gives them
+            kv = StoredKV.of(torch.stack((k, v)), pool.kv_format)  # one call: half the ops
+            k_store, v_store = kv[0], kv[1]
+            k, v = kv.dequantize(k.dtype).unbind(0)
+        if spec.stores_kv:  # a reusing layer's k, v are its source's, written already
+            pool.write(dense, writes.slots, k_store, v_store)
+        if spec.kind is LayerKind.SLIDING and spec.stores_kv and writes.pages is not None:
+            idx, wslots = writes.pages
+            self.cache.window_pages.write(dense, wslots, k_store[idx], v_store[idx])
+        return pool, k, v
 
 def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return buf[slots]

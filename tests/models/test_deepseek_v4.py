@@ -3,14 +3,18 @@ tiny random checkpoints (W = 8; C4 layers at rate 4 with an indexer that keeps 3
 it binds; C128-kind layers at rate 8; two hyper-connection streams; four experts, hashed in
 the first layer): prompts of several windows under every chunking (the compressors' open
 windows cut at every phase), ragged prefills under one budget, batched decode of mixed
-lengths, n > 1 forks. Then the compress state (a row's ring never holds more than its span),
-the planner's bytes against what the cache allocates, and the refusals."""
+lengths, n > 1 forks; where the indexer's scores tie, prompt logprobs and prefix hits
+against a per-prefix reference with the ties settled. Then the compress state (a row's ring
+never holds more than its span), the planner's bytes against what the cache allocates, and
+the refusals."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import torch
 
 from swaserve import SamplingParams
 from swaserve.memory.planner import plan_memory
@@ -25,7 +29,11 @@ from tests.conftest import (
     tiny_engine,
 )
 from tests.conftest import TINY_WINDOW as W
-from tests.helpers.checkpoints import write_byte_bpe_tokenizer, write_tiny_deepseek_v4
+from tests.helpers.checkpoints import (
+    DSV4_TYPES,
+    write_byte_bpe_tokenizer,
+    write_tiny_deepseek_v4,
+)
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -148,6 +156,82 @@ def test_prefix_hits_equal_cold_runs(dsv4):
         assert tokens == cold
         assert max((a - b).abs().max().item() for a, b in zip(logs, cold_logs)) < TOL
         assert worst(ref, p, tokens, logs) < TOL
+
+
+@pytest.fixture(scope="module")
+def dsv4_ties(tmp_path_factory):
+    """W = 16, rates 4 and 16, an indexer of one head keeping 8 entries: relu leaves many
+    entries' scores exactly 0, so equal scores straddle the top 8. (path, reference model,
+    prompt, the reference's log-softmax at each prompt position run on its prefix alone)."""
+    path, hf = write_tiny_deepseek_v4(
+        tmp_path_factory.mktemp("dsv4_ties"), window=16, hidden_size=64, num_hidden_layers=6,
+        layer_types=list(DSV4_TYPES) + ["sliding_attention"],
+        mlp_layer_types=["hash_moe"] + ["moe"] * 5, index_topk=8, index_n_heads=1,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16})
+    ref = earliest_entries_win_ties(hf)
+    prompt = random_prompt(64, seed=40)
+    per_prefix = torch.stack([torch.log_softmax(hf_logits(ref, prompt[:q + 1])[-1], -1)
+                              for q in range(len(prompt))])
+    # with ties settled the reference is causal: one forward over the prompt is the same
+    assert (torch.log_softmax(hf_logits(ref, prompt), -1) - per_prefix).abs().max() < TOL
+    return path, ref, prompt, per_prefix
+
+
+def earliest_entries_win_ties(hf):
+    """transformers' model with the indexer's equal scores ranked by entry, earliest first.
+    Its own `topk` (like DeepSeek's code) orders ties by the width of the score row, the
+    number of entries the forward computed, so a position's picks would depend on the
+    tokens after it."""
+    ref = copy.deepcopy(hf)
+    for layer in ref.model.layers:
+        indexer = getattr(layer.self_attn.compressor, "indexer", None)
+        if indexer is None:
+            continue
+
+        def ranked(*args, score=indexer.scorer.forward):
+            s = score(*args)
+            order = s.argsort(dim=-1, descending=True, stable=True)
+            rank = torch.empty_like(order).scatter_(
+                -1, order, torch.arange(s.shape[-1]).expand_as(order).contiguous())
+            return -rank.to(s.dtype)
+        indexer.scorer.forward = ranked
+    return ref
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 13, 16, 64])
+def test_prompt_logprobs_are_each_prefix_run_alone_under_every_chunking(dsv4_ties, chunk):
+    """Every prompt position's logprobs are the model's on that position's prefix, whatever
+    the chunking (chunks of 5 and 13 cut the rate-4 and rate-16 windows at every phase)."""
+    path, _, prompt, want = dsv4_ties
+    eng = engine(path, chunk_size=chunk, page_size=16)
+    out = eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1,
+                                                 prompt_logprobs=3))[0]
+    drive(eng, check_integrity=True)
+    for i in range(1, len(prompt)):
+        assert prompt[i] in out.prompt_logprobs[i]
+        for token, lp in out.prompt_logprobs[i].items():
+            assert abs(lp - want[i - 1, token].item()) < TOL
+    eng.release(out.request_id)
+
+
+@pytest.mark.parametrize("chunk", [5, 13])
+def test_prefix_hits_inside_compressed_blocks_equal_cold_runs(dsv4_ties, chunk):
+    """A prompt extended by W + 5 tokens after its first run was cached: the hit (2 pages
+    of 16) recomputes from mid-prompt in other chunks than the cold run, and its tokens and
+    logits are the cold run's and the reference's."""
+    path, ref, prompt, _ = dsv4_ties
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    base = prompt[:45]
+    longer = base + random_prompt(16 + 5, seed=41)
+    eng = engine(path, chunk_size=chunk, page_size=16, prefix_cache=True)
+    run(eng, [base], params)
+    hits = eng.cache.prefix.hit_tokens
+    (tokens, logs), = run(eng, [longer], params)
+    assert eng.cache.prefix.hit_tokens - hits == 32
+    (cold, cold_logs), = run(engine(path, chunk_size=chunk, page_size=16), [longer], params)
+    assert tokens == cold == hf_greedy(ref, longer, 8)
+    assert max((a - b).abs().max().item() for a, b in zip(logs, cold_logs)) < TOL
+    assert worst(ref, longer, tokens, logs) < TOL
 
 
 def test_a_grammar_request_beside_plain_ones_through_the_offline_api(tmp_path):

@@ -156,7 +156,8 @@ def record_positions(state: CompressState, seq: Seq) -> None:
 
 class Indexer(Branch):
     """The lightning indexer: its own compressor at `index_head_dim`, and per query the
-    score sum_h w_h * relu(q_h . key) of each entry; a query reads its top `index_topk`."""
+    score sum_h w_h * relu(q_h . key) of each entry; a query reads its top `index_topk`,
+    the earliest of equal scores first."""
 
     def __init__(self, raw: dict, rate: int):
         hidden, eps = int(raw["hidden_size"]), float(raw["rms_norm_eps"])
@@ -179,9 +180,12 @@ class Indexer(Branch):
         limit = (positions + 1) // self.rate
         valid = torch.arange(ne, device=x.device)[None, :] < limit[:, None]
         scores = scores.masked_fill(~valid, float("-inf"))
-        picks = scores.topk(min(self.topk, ne), dim=-1).indices
-        chosen = torch.zeros(n, ne, dtype=torch.bool, device=x.device)
-        chosen.scatter_(1, picks, True)
+        # Equal scores (relu leaves many exactly 0) go to the earliest entries: topk's order
+        # among them depends on the row's width, i.e. on where the chunk ends.
+        kth = scores.topk(min(self.topk, ne), dim=-1).values[:, -1:]
+        above, tied = scores > kth, scores == kth
+        room = min(self.topk, ne) - above.sum(dim=-1, keepdim=True)
+        chosen = above | (tied & (tied.cumsum(dim=-1) <= room))
         return chosen & valid
 
 

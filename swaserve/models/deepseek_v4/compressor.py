@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swaserve.memory.compress_pool import CompressState
+from swaserve.models.config import ModelConfig
 from swaserve.models.layers import rms_norm
 
 
@@ -159,11 +160,11 @@ class Indexer(Branch):
     score sum_h w_h * relu(q_h . key) of each entry; a query reads its top `index_topk`,
     the earliest of equal scores first."""
 
-    def __init__(self, raw: dict, rate: int):
-        hidden, eps = int(raw["hidden_size"]), float(raw["rms_norm_eps"])
-        super().__init__(hidden, int(raw["index_head_dim"]), rate, True, eps)
-        self.num_heads, self.topk = int(raw["index_n_heads"]), int(raw["index_topk"])
-        self.q_b_proj = Lin(int(raw["q_lora_rank"]), self.num_heads * self.head_dim)
+    def __init__(self, cfg: ModelConfig, rate: int):
+        spec, hidden = cfg.spec, cfg.hidden_size
+        super().__init__(hidden, spec.index_head_dim, rate, True, cfg.rms_norm_eps)
+        self.num_heads, self.topk = spec.index_n_heads, spec.index_topk
+        self.q_b_proj = Lin(spec.q_lora_rank, self.num_heads * self.head_dim)
         self.weights_proj = Lin(hidden, self.num_heads)
 
     def select(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor,

@@ -147,6 +147,16 @@ class DeepseekV4Config:
     rope_dim: int  # the rotated channels of a head
     rope_main: dict[str, Any]  # sliding layers' RoPE section
     rope_compress: dict[str, Any]  # compressed layers' (and their compressors') RoPE
+    index_n_heads: int  # the lightning indexer's heads, head size and entries kept
+    index_head_dim: int
+    index_topk: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    scoring_func: str  # "sqrtsoftplus" | "sigmoid": the router's expert scores
+    routed_scaling_factor: float
+    swiglu_limit: float  # the experts' gate and up pre-activations are clamped here
+    moe_intermediate_size: int
+    mlp_layer_types: tuple[str, ...]  # per layer: "moe" | "hash_moe"
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> DeepseekV4Config:
@@ -155,4 +165,13 @@ class DeepseekV4Config:
                    compress_rates={k: int(v) for k, v in cfg["compress_rates"].items()},
                    hc_mult=int(cfg["hc_mult"]), hc_sinkhorn_iters=int(cfg["hc_sinkhorn_iters"]),
                    hc_eps=float(cfg["hc_eps"]), rope_dim=int(cfg["rope_dim"]),
-                   rope_main=dict(cfg["rope_main"]), rope_compress=dict(cfg["rope_compress"]))
+                   rope_main=dict(cfg["rope_main"]), rope_compress=dict(cfg["rope_compress"]),
+                   index_n_heads=int(cfg["index_n_heads"]),
+                   index_head_dim=int(cfg["index_head_dim"]), index_topk=int(cfg["index_topk"]),
+                   n_routed_experts=int(cfg["n_routed_experts"]),
+                   num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                   scoring_func=str(cfg["scoring_func"]),
+                   routed_scaling_factor=float(cfg["routed_scaling_factor"]),
+                   swiglu_limit=float(cfg["swiglu_limit"]),
+                   moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                   mlp_layer_types=tuple(cfg["mlp_layer_types"]))

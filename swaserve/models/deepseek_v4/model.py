@@ -67,7 +67,7 @@ class Attention(nn.Module):
             self.compressor = Branch(hidden, self.head_dim, rate, csa, eps)
             if csa:
                 # compressor.py's Indexer reads the config dict itself
-                self.compressor.indexer = Indexer(cfg.raw, rate)
+                self.compressor.indexer = Indexer(cfg, rate)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, model: DeepseekV4ForCausalLM,
                 seqs: list[Seq]) -> torch.Tensor:
@@ -204,7 +204,7 @@ class DecoderLayer(nn.Module):
         eps = cfg.rms_norm_eps
         self.index = index
         # moe.py's MoE reads the config dict itself
-        self.self_attn, self.mlp = Attention(cfg, index), MoE(cfg.raw, index)
+        self.self_attn, self.mlp = Attention(cfg, index), MoE(cfg, index)
         self.input_layernorm = Norm(cfg.hidden_size, eps)
         self.post_attention_layernorm = Norm(cfg.hidden_size, eps)
         self.attn_hc, self.ffn_hc = HyperConnection(cfg), HyperConnection(cfg)

@@ -9,18 +9,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swaserve.models.config import ModelConfig
 from swaserve.models.deepseek_v4.compressor import Lin, fp32_buffer
 
 
 class Router(nn.Module):
-    def __init__(self, raw: dict, hashed: bool):
+    def __init__(self, cfg: ModelConfig, hashed: bool):
         super().__init__()
-        experts, hidden = int(raw["n_routed_experts"]), int(raw["hidden_size"])
-        self.top_k, self.hashed = int(raw["num_experts_per_tok"]), hashed
-        self.scoring, self.scaling = raw["scoring_func"], float(raw["routed_scaling_factor"])
+        spec, experts, hidden = cfg.spec, cfg.spec.n_routed_experts, cfg.hidden_size
+        self.top_k, self.hashed = spec.num_experts_per_tok, hashed
+        self.scoring, self.scaling = spec.scoring_func, spec.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(experts, hidden))
         if hashed:  # the experts of each token id, fixed
-            self.register_buffer("tid2eid", torch.zeros(int(raw["vocab_size"]), self.top_k,
+            self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, self.top_k,
                                                         dtype=torch.int64))
         else:
             fp32_buffer(self, "e_score_correction_bias", experts)
@@ -66,12 +67,12 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, raw: dict, index: int):
+    def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
-        hidden, inter = int(raw["hidden_size"]), int(raw["moe_intermediate_size"])
-        limit = float(raw["swiglu_limit"])
-        self.gate = Router(raw, raw["mlp_layer_types"][index] == "hash_moe")
-        self.experts = Experts(int(raw["n_routed_experts"]), hidden, inter, limit)
+        spec = cfg.spec
+        hidden, inter, limit = cfg.hidden_size, spec.moe_intermediate_size, spec.swiglu_limit
+        self.gate = Router(cfg, spec.mlp_layer_types[index] == "hash_moe")
+        self.experts = Experts(spec.n_routed_experts, hidden, inter, limit)
         self.shared_experts = SharedExpert(hidden, inter, limit)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,16 @@ class _Embedding:
     deadline: float | None
 
 
-_Command = _Add | _Abort | _FailAll | _Stop | _Embed  # what the engine thread's inbox carries
+@dataclass(frozen=True)
+class _Call:
+    """Run `fn(engine)` on the engine thread between two steps (a consistent read of its
+    state); `reply` gets the result or the exception."""
+
+    fn: Callable[[Engine], object]
+    reply: Callable[[object], None]
+
+
+_Command = _Add | _Abort | _FailAll | _Stop | _Embed | _Call  # the engine thread's inbox
 
 
 class AsyncEngine:
@@ -184,6 +193,29 @@ class AsyncEngine:
             reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return await answer
 
+    async def call(self, fn: Callable[[Engine], object]) -> object:
+        """`fn(engine)`'s result, run on the engine thread between two steps, where the
+        engine's state is consistent (cheap reads only: decoding waits for it). Raises
+        EngineError once the engine stopped, or what `fn` raised."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+
+        def settle(result) -> None:
+            if not answer.done():
+                (answer.set_exception if isinstance(result, BaseException)
+                 else answer.set_result)(result)
+
+        def reply(result) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, result)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening
+                pass
+
+        self._inbox.put(_Call(fn, reply))
+        if not self.alive:
+            reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
+        return await answer
+
     async def _events(self, request_id: str, stream: Stream) -> AsyncIterator[Delta | Final]:
         finished = False
         try:
@@ -229,6 +261,9 @@ class AsyncEngine:
                         cmd.stream.put(err)
                     else:
                         cmd.reply(err)
+                elif isinstance(cmd, _Call):
+                    cmd.reply(EngineError(f"the engine stopped: {self.dead}",
+                                          code="engine_dead"))
             return
         self._fail_all(EngineError("the server is shutting down", code="shutting_down"))
 
@@ -288,6 +323,11 @@ class AsyncEngine:
                 self._fail_all(EngineError(message, code="shutting_down"))
             case _Embed():
                 self._embed(cmd)
+            case _Call(fn, reply):
+                try:
+                    reply(fn(self.engine))
+                except Exception as e:  # noqa: BLE001 - the caller's failure, not the engine's
+                    reply(e)
 
     def _embed(self, cmd: _Embed) -> None:
         def done(job) -> None:

@@ -30,6 +30,7 @@ from swaserve.server import (
     routes_openai,
     routes_responses,
     routes_tokens,
+    routes_ui,
 )
 from swaserve.server.async_engine import AsyncEngine
 from swaserve.server.errors import APIError, validation_error
@@ -71,8 +72,9 @@ def create_app(aengine: AsyncEngine, model_name: str | Sequence[str],
     routes_anthropic.add_routes(app, state)
     routes_tokens.add_routes(app, state)
     routes_embeddings.add_routes(app, state)
+    routes_ui.add_routes(app, state)  # the chat page at /, /v1/memory
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
-                       public_paths=public_paths, shape=error_shape,
+                       public_paths=public_paths | routes_ui.PUBLIC_PATHS, shape=error_shape,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())
     add_cors(app, allowed_origins)  # outermost: a refusal of the guard carries its headers
     return app

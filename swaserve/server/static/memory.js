@@ -43,9 +43,9 @@ const MemoryView = (() => {
     const plan = v.plan;
     let h = row("Budget", `${bytes(plan.allocated_bytes)} allocated / ${bytes(plan.budget_bytes)}`,
       bar(plan.budget_bytes, [[plan.allocated_bytes, "alloc", "allocated by the cache"]]));
+    const ring = plan.ring ? `ring ${plan.ring} slots, ` : "";
     h += row("Rows", `<b id="mem-rows-used">${p.rows.used}</b> / ${p.rows.total}` +
-      ` <span class="muted">(ring ${plan.ring} slots, ${bytes(plan.fixed_bytes_per_row)} each)` +
-      "</span>", rowsGrid(p.rows.used, p.rows.total, new Set(v.requests.map((r) => r.row))));
+      ` <span class="muted">(${ring}${bytes(plan.fixed_bytes_per_row)} each)</span>`, rowsGrid(p.rows.used, p.rows.total, new Set(v.requests.map((r) => r.row))));
     const f = p.full_pages;
     if (f) {
       const cachedOnly = Math.max(0, f.used - f.requests);
@@ -110,8 +110,8 @@ const MemoryView = (() => {
       h += row(`Compress L${c.layer}`, `${c.filled} / ${c.span} raw (1 per ${c.rate})`);
     }
     if (r.cached_tokens || r.prefix_node_tokens || r.window_pages) {
-      h += row("Prefix hit", `${r.cached_tokens} tokens cached, locks ${r.prefix_node_tokens}` +
-        `, ${r.window_pages} window pages`);
+      h += row("Prefix cache", `${r.cached_tokens} tokens hit; ${r.prefix_node_tokens} ` +
+        `locked; ${r.window_pages} window pages`);
     }
     return `<div class="req" data-id="${esc(r.id)}">${h}</div>`;
   }

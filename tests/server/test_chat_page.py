@@ -86,6 +86,15 @@ def test_chat_and_memory_view_in_a_browser(server, browser, tmp_path):
     assert page.evaluate("JSON.parse(localStorage.getItem('swaserve.conversations'))"
                          "[0].messages.length") == 2
     shoot(page, tmp_path / "chat.png")
+    rendered = page.evaluate("""() => [
+        Markdown.render("<img src=x onerror=alert(1)>"),
+        Markdown.render("```py\\nx = 1 < 2\\n```"),
+        Markdown.render("[a](javascript:alert(1)) and [b](https://example.org)"),
+        Markdown.render("| a | b |\\n|---|---|\\n| 1 | **2** |")]""")
+    assert "<img" not in rendered[0] and "&lt;img" in rendered[0]
+    assert '<code class="lang-py">x = 1 &lt; 2</code>' in rendered[1] and "copy" in rendered[1]
+    assert rendered[2].count("<a ") == 1 and 'href="https://example.org"' in rendered[2]
+    assert "<td><strong>2</strong></td>" in rendered[3]
 
     # a long request beside the page: its card appears and its computed tokens grow
     stop = threading.Event()
@@ -113,5 +122,17 @@ def test_chat_and_memory_view_in_a_browser(server, browser, tmp_path):
         stop.set()
         worker.join(30)
     page.wait_for_selector("#mem-requests .req", state="detached", timeout=TIMEOUT_MS)
+
+    # Stop aborts the page's own stream: the answer keeps what came, the engine lets go
+    page.fill("#max-tokens", "4000")
+    page.dispatch_event("#max-tokens", "change")
+    page.fill("#prompt", "A long answer, please.")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("#mem-requests .req", timeout=TIMEOUT_MS)
+    page.click("#stop")
+    page.wait_for_selector(".msg.assistant:nth-child(4).done", timeout=TIMEOUT_MS)
+    assert "stopped" in page.inner_text(".msg.assistant:nth-child(4) .meta")
+    page.wait_for_selector("#mem-requests .req", state="detached", timeout=TIMEOUT_MS)
+    assert page.is_enabled("#send") and page.is_hidden("#stop")
     assert not errors, errors
     page.close()

@@ -101,7 +101,7 @@
 
   function messageEl(m, i) {
     const div = document.createElement("div");
-    div.className = `msg ${m.role}`;
+    div.className = `msg ${m.role} done`;  // the answer in flight takes "done" off
     div.dataset.index = i;
     div.innerHTML = messageHTML(m);
     return div;
@@ -169,6 +169,7 @@
     renderConversations();
     renderMessages();
     const el = els.messages.lastElementChild;
+    el.classList.remove("done");
     let pending = false;
     const paint = () => {  // at most once a frame, however fast the tokens come
       if (pending) return;

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from swaserve.server import routes_admin, routes_tokens
+from swaserve.server import routes_admin, routes_tokens, routes_ui
 from swaserve.server.anthropic import answer as anthropic_format
 from swaserve.server.anthropic import routes as routes_anthropic
 from swaserve.server.async_engine import AsyncEngine
@@ -68,8 +68,9 @@ def create_app(aengine: AsyncEngine, model_name: str | Sequence[str],
     routes_anthropic.add_routes(app, state)
     routes_tokens.add_routes(app, state)
     routes_embeddings.add_routes(app, state)
+    routes_ui.add_routes(app, state)  # the chat page at /, /v1/memory
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_request_bytes,
-                       public_paths=public_paths, shape=error_shape,
+                       public_paths=public_paths | routes_ui.PUBLIC_PATHS, shape=error_shape,
                        on_reject=lambda reason: metrics.rejected.labels(reason).inc())
     add_cors(app, allowed_origins)  # outermost: a refusal of the guard carries its headers
     return app

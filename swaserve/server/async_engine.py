@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from swaserve.engine.engine import Engine
 from swaserve.engine.request import FinishReason, Request, RequestError
@@ -29,7 +29,7 @@ from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.errors import param_of
 from swaserve.server.events import Delta, EngineError, Final, Stream
-from swaserve.server.inbox import Abort, Add, Command, Embed, Embedding, FailAll, Stop
+from swaserve.server.inbox import Abort, Add, Call, Command, Embed, Embedding, FailAll, Stop
 
 log = logging.getLogger("swaserve")
 _POLL_S = 0.05  # how often an idle engine thread looks at its inbox and deadlines
@@ -131,6 +131,29 @@ class AsyncEngine:
             reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return await answer
 
+    async def call(self, fn: Callable[[Engine], object]) -> object:
+        """`fn(engine)`'s result, run on the engine thread between two steps, where the
+        engine's state is consistent (cheap reads only: decoding waits for it). Raises
+        EngineError once the engine stopped, or what `fn` raised."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+
+        def settle(result) -> None:
+            if not answer.done():
+                (answer.set_exception if isinstance(result, BaseException)
+                 else answer.set_result)(result)
+
+        def reply(result) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, result)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening
+                pass
+
+        self._inbox.put(Call(fn, reply))
+        if not self.alive:
+            reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
+        return await answer
+
     async def _events(self, request_id: str, stream: Stream) -> AsyncIterator[Delta | Final]:
         finished = False
         try:
@@ -176,6 +199,9 @@ class AsyncEngine:
                         cmd.stream.put(err)
                     else:
                         cmd.reply(err)
+                elif isinstance(cmd, Call):
+                    cmd.reply(EngineError(f"the engine stopped: {self.dead}",
+                                          code="engine_dead"))
             return
         self._fail_all(EngineError("the server is shutting down", code="shutting_down"))
 
@@ -235,6 +261,11 @@ class AsyncEngine:
                 self._fail_all(EngineError(message, code="shutting_down"))
             case Embed():
                 self._embed(cmd)
+            case Call(fn, reply):
+                try:
+                    reply(fn(self.engine))
+                except Exception as e:  # noqa: BLE001 - the caller's failure, not the engine's
+                    reply(e)
 
     def _embed(self, cmd: Embed) -> None:
         def done(job) -> None:

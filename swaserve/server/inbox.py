@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swaserve.engine.embedder import EmbedJob
+from swaserve.engine.engine import Engine
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.events import EngineError, Stream
@@ -62,4 +63,13 @@ class Embedding:
     deadline: float | None
 
 
-Command = Add | Abort | FailAll | Stop | Embed  # what the engine thread's inbox carries
+@dataclass(frozen=True)
+class Call:
+    """Run `fn(engine)` on the engine thread between two steps (a consistent read of its
+    state); `reply` gets the result or the exception."""
+
+    fn: Callable[[Engine], object]
+    reply: Callable[[object], None]
+
+
+Command = Add | Abort | FailAll | Stop | Embed | Call  # what the engine thread's inbox carries

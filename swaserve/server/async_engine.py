@@ -110,31 +110,19 @@ class AsyncEngine:
         """Embed one admitted request's prompts on the engine thread, between its steps;
         raises EngineError where it fails or outlives `request_timeout`. Whoever stops
         waiting for it must `abort` it."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future = loop.create_future()
-
-        def settle(result) -> None:
-            if not answer.done():
-                (answer.set_exception if isinstance(result, Exception)
-                 else answer.set_result)(result)
-
-        def reply(result) -> None:
-            try:
-                loop.call_soon_threadsafe(settle, result)
-            except RuntimeError:  # the client's event loop is closed: nobody is listening
-                pass
-
         deadline = (time.monotonic() + self.request_timeout
                     if self.request_timeout is not None else None)
-        self._inbox.put(Embed(request_id, prompts, reply, deadline))
-        if not self.alive:
-            reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
-        return await answer
+        return await self._ask(lambda reply: Embed(request_id, prompts, reply, deadline))
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
         """`fn(engine)`'s result, run on the engine thread between two steps, where the
         engine's state is consistent (cheap reads only: decoding waits for it). Raises
         EngineError once the engine stopped, or what `fn` raised."""
+        return await self._ask(lambda reply: Call(fn, reply))
+
+    async def _ask(self, command: Callable[[Callable[[object], None]], Command]) -> object:
+        """Post `command(reply)` and await what the engine thread replies: a result, or an
+        exception to raise."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
 
@@ -149,7 +137,7 @@ class AsyncEngine:
             except RuntimeError:  # the caller's event loop is closed: nobody is listening
                 pass
 
-        self._inbox.put(Call(fn, reply))
+        self._inbox.put(command(reply))
         if not self.alive:
             reply(EngineError(f"the engine stopped: {self.dead}", code="engine_dead"))
         return await answer

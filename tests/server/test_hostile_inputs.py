@@ -1,0 +1,149 @@
+"""One request must not be able to kill or stall the server: pathological texts up to the
+body limit on every route that tokenizes (each answered in at most 2 s, the process's
+memory bounded), JSON nested as deep as the body parser accepts, a streaming client that
+leaves before its first token, the waiting gauge after a refusal, the bearer scheme in any
+case, and the refusals the reference APIs make. In process, on a tiny model with a real
+byte-level BPE tokenizer; every loop is bounded in count and time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import string
+import threading
+import time
+
+import psutil
+import pytest
+
+from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from tests.conftest import asgi_client, inprocess_served
+
+MAX_SECONDS = 2.0  # an answer, whatever the text
+MAX_GROWTH = 768 * 2**20  # the process's peak memory over its start: the bodies' copies
+
+
+@pytest.fixture(scope="module")
+def served(tiny_long_context):
+    yield from inprocess_served(tiny_long_context, kv_memory="64MiB", max_model_len=4096)
+
+
+def _user(s: str) -> list[dict]:
+    return [{"role": "user", "content": s}]
+
+
+ROUTES = {  # route -> body of a text
+    "/v1/completions": lambda s: {"prompt": s, "max_tokens": 1},
+    "/v1/chat/completions": lambda s: {"messages": _user(s), "max_tokens": 1},
+    "/v1/responses": lambda s: {"input": s, "max_output_tokens": 1},
+    "/v1/messages": lambda s: {"model": "tiny", "max_tokens": 1, "messages": _user(s)},
+    "/v1/messages/count_tokens": lambda s: {"model": "tiny", "messages": _user(s)},
+    "/tokenize": lambda s: {"prompt": s},
+    "/tokenize#messages": lambda s: {"messages": _user(s)},
+    "/v1/embeddings": lambda s: {"input": s},
+}
+_NO_SPACE = string.ascii_letters + string.digits + string.punctuation
+KINDS = [" ", "-", "=", ".", "a", "\n", "字", "🙂", "no-space"] + list(string.punctuation)
+
+
+def _text(kind: str, chars: int) -> str:
+    if kind == "no-space":
+        return "".join(random.Random(0).choices(_NO_SPACE, k=chars))
+    return kind * chars
+
+
+def _body(route: str, kind: str, size: int) -> bytes:
+    """The route's body of a text of `kind`, about `size` bytes of JSON (never more)."""
+    per_char = len(json.dumps(_text(kind, 64), ensure_ascii=False).encode()) / 64
+    chars = int((size - 200) / per_char)
+    return json.dumps(ROUTES[route](_text(kind, chars)), ensure_ascii=False).encode()
+
+
+class PeakMemory:
+    """The process's peak resident memory over its start, sampled every few milliseconds."""
+
+    def __init__(self):
+        self.proc = psutil.Process()
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+def _post_all(app, bodies: list[tuple[str, bytes]]) -> list[tuple[str, int, float, str]]:
+    """Each body posted in turn: (route, status, seconds, the answer's start)."""
+
+    async def run():
+        out = []
+        async with asgi_client(app, timeout=120) as c:
+            for route, body in bodies:
+                t0 = time.perf_counter()
+                r = await c.post(route.split("#")[0], content=body,
+                                 headers={"content-type": "application/json"})
+                out.append((route, r.status_code, time.perf_counter() - t0, r.text[:4000]))
+        return out
+    return asyncio.run(run())
+
+
+def _check_answers(answers) -> None:
+    slowest = max(answers, key=lambda a: a[2])
+    print(f"{len(answers)} answers, the slowest {slowest[2]:.3f} s ({slowest[0]})")
+    for route, status, seconds, text in answers:
+        assert status in (200, 400), (route, status, text)
+        assert seconds <= MAX_SECONDS, (route, f"{seconds:.2f} s", text)
+
+
+def test_texts_at_the_body_limit_are_answered_fast_on_every_route(served):
+    """A text as long as the body limit allows, of the kinds that make a tokenizer slow
+    (a run of one character is one pre-tokenizer word): refused before tokenizing."""
+    app, _ = served
+    for kind in [" ", "-", "字", "no-space"]:
+        with PeakMemory() as mem:
+            answers = _post_all(app, [(route, _body(route, kind, DEFAULT_MAX_REQUEST_BYTES))
+                                      for route in ROUTES])
+        _check_answers(answers)
+        assert all(status == 400 for _, status, _, _ in answers), answers
+        print(f"{kind!r}: peak memory +{mem.growth / 2**20:.0f} MiB")
+        assert mem.growth < MAX_GROWTH, (kind, mem.growth / 2**20)
+
+
+def test_texts_at_the_character_bound_are_tokenized_fast(served):
+    """Texts just inside the bound (the longest token times the context), which are
+    tokenized: each kind of run, a multi-byte character, no whitespace at all."""
+    app, aeng = served
+    limit = aeng.engine.tokenizer.longest_token * aeng.engine.max_model_len
+    bodies = [(route, json.dumps(ROUTES[route](_text(kind, limit)), ensure_ascii=False).encode())
+              for kind in KINDS for route in ROUTES]
+    with PeakMemory() as mem:
+        answers = _post_all(app, bodies)
+    _check_answers(answers)
+    print(f"peak memory +{mem.growth / 2**20:.0f} MiB")
+    assert mem.growth < MAX_GROWTH, mem.growth / 2**20
+    over = _post_all(app, [("/v1/completions", json.dumps(
+        ROUTES["/v1/completions"]("-" * (limit + 1))).encode())])
+    assert over[0][1] == 400 and f"prompt: {limit + 1} characters" in over[0][3], over
+
+
+def test_many_embedding_inputs_are_bounded(served):
+    app, _ = served
+    answers = _post_all(app, [("/v1/embeddings", json.dumps({"input": ["a"] * 2049}).encode()),
+                              ("/v1/embeddings", json.dumps(
+                                  {"input": ["-" * 10_000] * 2048}).encode())])
+    _check_answers(answers)
+    assert [status for _, status, _, _ in answers] == [400, 400], answers

@@ -8,6 +8,9 @@ refused before the tokenizer sees it, which bounds its time and memory by the to
 cost of `longest × limit` characters, whatever the characters are. Where a tokenizer may drop
 characters (a normalizer or pre-tokenizer that deletes whitespace, as BERT's do), the same
 number of characters is a limit of this server rather than a proof.
+
+JSON: a body's nested values are walked with a stack, never by recursion, so any depth the
+body parser accepts is measured (and refused past `MAX_JSON_DEPTH`) without a RecursionError.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.server.errors import APIError
+
+MAX_JSON_DEPTH = 128  # nested objects and arrays in a free-form JSON field (as chat_prompt's)
 
 
 def max_chars(tok: Tokenizer, max_tokens: int) -> int:
@@ -54,3 +59,31 @@ def text_chars(value: Any) -> int:
         elif isinstance(node, (list, tuple)):
             stack.extend(node)
     return total
+
+
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """What is wrong with JSON-shaped `value` as a body's free-form field: nesting deeper
+    than `max_depth` levels of objects and arrays, or a string or key holding a lone
+    surrogate escape (it cannot be encoded into a prompt); None when nothing is."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not _encodes(node):
+                return "must be valid Unicode text (it holds a lone surrogate escape)"
+            continue
+        if not isinstance(node, (dict, list, tuple)):
+            continue
+        if depth > max_depth:
+            return f"nests deeper than {max_depth} levels"
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children)
+    return None
+
+
+def _encodes(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

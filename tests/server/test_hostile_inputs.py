@@ -11,6 +11,7 @@ import asyncio
 import json
 import random
 import string
+import sys
 import threading
 import time
 
@@ -18,6 +19,8 @@ import psutil
 import pytest
 
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from swaserve.server.protocol import ChatCompletionRequest
+from swaserve.server.responses_protocol import ResponsesRequest
 from tests.conftest import asgi_client, inprocess_served
 
 MAX_SECONDS = 2.0  # an answer, whatever the text
@@ -147,3 +150,75 @@ def test_many_embedding_inputs_are_bounded(served):
                                   {"input": ["-" * 10_000] * 2048}).encode())])
     _check_answers(answers)
     assert [status for _, status, _, _ in answers] == [400, 400], answers
+
+
+# -- JSON nested as deep as the body parser accepts ----------------------------------------
+def _nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+DEEP_FIELDS = {  # (route, body of a nested value)
+    "chat kwargs": ("/v1/chat/completions", lambda v: {"messages": _user("x"), "max_tokens": 1,
+                                                        "chat_template_kwargs": {"x": v}}),
+    "tokenize kwargs": ("/tokenize", lambda v: {"messages": _user("x"),
+                                                "chat_template_kwargs": {"x": v}}),
+    "responses kwargs": ("/v1/responses", lambda v: {"input": "x", "max_output_tokens": 1,
+                                                     "chat_template_kwargs": {"x": v}}),
+    "responses tool": ("/v1/responses", lambda v: {"input": "x", "max_output_tokens": 1, "tools": [
+        {"type": "function", "name": "f", "parameters": {"x": v}}]}),
+    "chat tool": ("/v1/chat/completions", lambda v: {"messages": _user("x"), "max_tokens": 1,
+                                                     "tools": [{"type": "function", "function": {
+                                                         "name": "f", "parameters": {"x": v}}}]}),
+    "messages tool": ("/v1/messages", lambda v: {"model": "tiny", "max_tokens": 1,
+                                                 "messages": _user("x"),
+                                                 "tools": [{"name": "f", "input_schema": v}]}),
+}
+
+
+def test_nested_values_are_refused_without_recursion():
+    """Validation walks a free-form field without recursing: a value far deeper than any
+    body parser accepts is a validation error, never a RecursionError."""
+    deep = _nested(5 * sys.getrecursionlimit())
+    for model, body in [(ChatCompletionRequest, {"messages": _user("x"),
+                                                 "chat_template_kwargs": {"x": deep}}),
+                        (ResponsesRequest, {"input": "x", "text": {"format": {
+                            "type": "json_schema", "schema": deep}}})]:
+        with pytest.raises(ValueError, match="nests deeper than"):
+            model.model_validate(body)
+
+
+def test_json_as_deep_as_the_parser_accepts_is_a_400(served):
+    """At every depth up to the parser's own limit (found here), a 400 in the surface's
+    shape naming the field."""
+    app, _ = served
+
+    async def post(c, route, body) -> tuple[int, dict]:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit * 4)  # this side's json.dumps recurses
+        try:
+            data = json.dumps(body)
+        finally:
+            sys.setrecursionlimit(limit)
+        r = await c.post(route, content=data, headers={"content-type": "application/json"})
+        return r.status_code, r.json()
+
+    async def run():
+        async with asgi_client(app) as c:
+            for name, (route, make) in DEEP_FIELDS.items():
+                lo, hi = 100, 2 * sys.getrecursionlimit()  # lo is parsed, hi is not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    _, body = await post(c, route, make(_nested(mid)))
+                    parsed = "parsing the body" not in json.dumps(body)
+                    lo, hi = (mid, hi) if parsed else (lo, mid)
+                for depth in [*range(lo, lo - 12, -1), 300, 130]:
+                    status, body = await post(c, route, make(_nested(depth)))
+                    assert status == 400, (name, depth, body)
+                    err = body["error"]
+                    assert "nests" in err["message"], (name, depth, err)
+                    if not route.startswith("/v1/messages"):
+                        assert err["param"] and err["message"].startswith(err["param"])
+    asyncio.run(run())

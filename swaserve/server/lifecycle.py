@@ -181,7 +181,7 @@ async def answer(state: AppState, request: Request, prepared: list[Prepared],
             for k, p in enumerate(prepared)]
     gen = gens[0] if len(gens) == 1 else _merged(gens, n)
     if stream:
-        return await _stream(aengine, rid, gen, fmt)
+        return await _stream(aengine, rid, gen, fmt, request)
     choices, final = await _collect(aengine, rid, gen, n * len(prepared), request)
     return fmt.response(choices, final)
 
@@ -250,8 +250,10 @@ async def _first_event(aengine: AsyncEngine, rid: str, gen: AsyncIterator):
 
 
 async def _stream(aengine: AsyncEngine, rid: str, gen: AsyncIterator,
-                  fmt: AnswerFormat) -> StreamingResponse:
-    first = await _first_event(aengine, rid, gen)
+                  fmt: AnswerFormat, request: Request) -> StreamingResponse:
+    # the first event comes after the prefill: a client that leaves before it stops it
+    first = await while_connected(request, _first_event(aengine, rid, gen),
+                                  lambda: aengine.abort(rid))
 
     async def events():
         try:

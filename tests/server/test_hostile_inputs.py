@@ -222,3 +222,70 @@ def test_json_as_deep_as_the_parser_accepts_is_a_400(served):
                     if not route.startswith("/v1/messages"):
                         assert err["param"] and err["message"].startswith(err["param"])
     asyncio.run(run())
+
+
+# -- a stream's client leaving before its first token, the waiting gauge -------------------
+def _metric(app, name: str) -> float:
+    async def get():
+        async with asgi_client(app) as c:
+            return (await c.get("/metrics")).text
+    for line in asyncio.run(get()).splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+async def _leave_at_once(app, path: str, body: bytes) -> list[dict]:
+    """What the app sends a client that sends `body` and leaves at once."""
+    sent: list[dict] = []
+    received = False
+
+    async def receive():
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}  # the client has gone
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "scheme": "http", "server": ("t", 80),
+             "client": ("c", 1), "http_version": "1.1", "asgi": {"version": "3.0"},
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    await asyncio.wait_for(app(scope, receive, send), 60)
+    return sent
+
+
+def test_a_stream_whose_client_leaves_before_its_first_token_is_not_prefilled(
+        tiny_long_context):
+    """The client sends a long prompt and leaves at once: the request is aborted while it
+    prefills, so no first token is ever made (its prompt is never counted)."""
+    for app, aeng in inprocess_served(tiny_long_context, kv_memory="64MiB",
+                                      max_model_len=32768):
+        body = json.dumps({"prompt": list(range(3, 120)) * 250, "max_tokens": 4,
+                           "stream": True}).encode()
+        t0 = time.monotonic()
+        sent = asyncio.run(_leave_at_once(app, "/v1/completions", body))
+        assert sent[0]["status"] == 499, sent[:1]
+        while aeng.engine.has_unfinished() and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert _metric(app, "swaserve_requests_aborted_total") == 1
+        assert _metric(app, "swaserve_prompt_tokens_total") == 0  # no first token came
+
+
+def test_the_waiting_gauge_drops_when_an_admission_is_handed_back(served):
+    """An admission held while the engine thread refreshes its gauges (another request
+    runs), then handed back on the event loop (its prompt refused): waiting is 0 again."""
+    app, aeng = served
+    aeng.admit()
+    try:
+        answers = _post_all(app, [("/v1/completions", json.dumps(
+            {"prompt": "hi", "max_tokens": 2}).encode())])
+        assert answers[0][1] == 200, answers
+        time.sleep(0.2)  # the engine thread's last refresh, with the admission counted
+    finally:
+        aeng.cancel_admission()
+    assert _metric(app, "swaserve_requests_waiting") == 0

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from swaserve.server.app import DEFAULT_MAX_REQUEST_BYTES
+from swaserve.server.guard import Guard
 from swaserve.server.protocol import ChatCompletionRequest
 from swaserve.server.responses_protocol import ResponsesRequest
 from tests.conftest import asgi_client, inprocess_served
@@ -289,3 +290,65 @@ def test_the_waiting_gauge_drops_when_an_admission_is_handed_back(served):
     finally:
         aeng.cancel_admission()
     assert _metric(app, "swaserve_requests_waiting") == 0
+
+
+# -- the bearer scheme, the reference APIs' refusals ---------------------------------------
+def test_the_bearer_scheme_is_case_insensitive():
+    async def ok(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = Guard(ok, api_key="sesame", max_body_bytes=1024)
+
+    async def status(auth: bytes) -> int:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(msg):
+            sent.append(msg)
+        await guard({"type": "http", "method": "GET", "path": "/v1/models",
+                     "headers": [(b"authorization", auth)]}, receive, send)
+        return sent[0]["status"]
+
+    codes = {auth: asyncio.run(status(auth)) for auth in [
+        b"Bearer sesame", b"bearer sesame", b"BEARER sesame", b"Bearer  sesame ",
+        b"bearer wrong", b"Basic sesame", b"sesame", b"bearersesame"]}
+    assert list(codes.values()) == [200, 200, 200, 200, 401, 401, 401, 401], codes
+
+
+REFUSED = [  # (route, body, field named)
+    ("/v1/responses", {"input": "x", "metadata": {"k": "v" * 513}}, "metadata"),
+    ("/v1/responses", {"input": "x", "metadata": {"k" * 65: "v"}}, "metadata"),
+    ("/v1/responses", {"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}},
+     "metadata"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": _user("")},
+     "messages.0.content"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [
+        {"role": "user", "content": []}]}, "messages.0.content"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [
+        *_user("x"), {"role": "assistant", "content": ""}, *_user("y")]}, "messages.1.content"),
+    ("/v1/messages/count_tokens", {"model": "tiny", "messages": _user("")},
+     "messages.0.content"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": _user("x"),
+                      "thinking": {"type": "enabled", "budget_tokens": 4}},
+     "thinking.budget_tokens"),
+]
+
+
+def test_what_the_reference_apis_refuse_is_a_400_naming_the_field(served):
+    app, _ = served
+    answers = _post_all(app, [(route, json.dumps(body).encode()) for route, body, _ in REFUSED])
+    for (route, body, field), (_, status, _, text) in zip(REFUSED, answers):
+        assert status == 400, (body, text)
+        err = json.loads(text)["error"]
+        assert err["message"].startswith(field), (body, err)
+        if route.startswith("/v1/messages"):
+            assert set(err) == {"type", "message"}, err
+        else:
+            assert err["param"] == field, err
+    fine = _post_all(app, [("/v1/messages", json.dumps(
+        {"model": "tiny", "max_tokens": 4, "messages": [
+            *_user("x"), {"role": "assistant", "content": ""}]}).encode())])
+    assert fine[0][1] == 200, fine  # a final assistant message may be empty (a prefill)

@@ -81,6 +81,8 @@ def check_texts(state: AppState, prompts: list[str | list[int]], max_len: int) -
     """A 400 naming `input` for a text longer than the context's tokens can cover, or texts
     longer together than MAX_TOKENS can (bounds.py): refused before any is tokenized."""
     texts = [p for p in prompts if isinstance(p, str)]
+    if not texts:  # token ids alone: a model without a tokenizer takes them too
+        return
     for p in texts:
         check_text(state.tokenizer, p, max_len, "input")
     check_chars(state.tokenizer, sum(len(p) for p in texts), MAX_TOKENS, "input",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from functools import cached_property
 from pathlib import Path
 
 from swaserve.checkpoint.source import ModelLoadError, ModelSource
@@ -44,6 +45,13 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         """The default chat template's text (None: the model names none)."""
         return self.chat_templates.get("default")
+
+    @cached_property
+    def longest_token(self) -> int:
+        """The most characters of text one token can cover: its string's length (added
+        tokens included). A byte-level token's string has a character per byte, so a
+        multi-byte character counts once per byte: an upper bound, never under."""
+        return max((len(t) for t in self._tk.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # the batch call releases the GIL (`encode` holds it throughout: a long prompt would

@@ -7,7 +7,9 @@ Template variables, later ones winning: the tokenizer's special tokens, the serv
 `reasoning_effort` (as the variable `reasoning_effort`, which gpt-oss's template reads).
 
 The render walks the data recursively, so a message (tool-call arguments included, once
-parsed), a document or a template variable nesting deeper than MAX_NESTING levels is a 400.
+parsed), a document or a template variable nesting deeper than MAX_NESTING levels is a 400;
+and a chat whose text (messages, tools, documents, variables) is longer than the context can
+hold (bounds.py) is a 400 before it is rendered.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from swaserve.chat.template import ChatTemplateError
 from swaserve.chat.tools import ToolPlan, template_messages
 from swaserve.sampling.json_bounds import json_excess
+from swaserve.server.bounds import check_chars, text_chars
 from swaserve.server.errors import APIError
 from swaserve.server.state import AppState
 
@@ -63,6 +66,10 @@ def chat_prompt(state: AppState, body, plan: ToolPlan | None) -> str:
     _check_nesting(body.chat_template_kwargs or {}, "chat_template_kwargs")
     _check_nesting(body.documents or [], "documents")
     specs = plan.specs if plan is not None and not template.builtin else None
+    # what the template can write into the prompt, bounded before it renders one string
+    check_chars(state.tokenizer, text_chars([messages, body.chat_template_kwargs,
+                                             body.documents, specs]),
+                state.max_model_len, "messages")
     try:
         text = template.render(messages, tools=specs, documents=body.documents,
                                add_generation_prompt=body.add_generation_prompt,

@@ -1,6 +1,6 @@
 """The server's outer ASGI layers: API-key auth and the request body limit, and CORS.
 
-The key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+The key comes as `Authorization: Bearer KEY` (OpenAI's clients; the scheme in any case) or `x-api-key: KEY`
 (Anthropic's). A refusal is written in the shape of the surface its path belongs to
 (`shape`, app.py's `error_shape`).
 
@@ -78,7 +78,9 @@ class Guard:
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         key = self.api_key.encode()
-        bearer = secrets.compare_digest(headers.get(b"authorization", b""), b"Bearer " + key)
+        # the scheme is case-insensitive (RFC 7235): `bearer KEY` is as good as `Bearer KEY`
+        scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")
+        bearer = scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), key)
         return secrets.compare_digest(headers.get(b"x-api-key", b""), key) or bearer
 
     def _too_large(self) -> APIError:

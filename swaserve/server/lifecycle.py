@@ -32,6 +32,7 @@ from fastapi.responses import StreamingResponse
 from swaserve.sampling.grammar import CompiledGrammar
 from swaserve.sampling.params import SamplingParams
 from swaserve.server.async_engine import AsyncEngine
+from swaserve.server.bounds import check_text
 from swaserve.server.errors import APIError, as_api_error
 from swaserve.server.events import Delta, EngineError, Final
 from swaserve.server.state import AppState
@@ -101,9 +102,12 @@ def check_length(state: AppState, ids: list[int], param: str, max_tokens: int | 
 
 
 def encode(state: AppState, prompt: str | list[int], param: str, **kw) -> list[int]:
-    """Token ids of a prompt (on a worker thread). A text is first tokenized by its head,
-    so that a huge one that cannot fit is refused without tokenizing all of it."""
+    """Token ids of a prompt (on a worker thread). A text longer than the context's tokens
+    can cover is refused untokenized (bounds.py); a long one is first tokenized by its
+    head, so that most that cannot fit are refused without tokenizing all of it."""
     max_len = state.max_model_len
+    if isinstance(prompt, str) and state.tokenizer is not None:
+        check_text(state.tokenizer, prompt, max_len, param)
     if isinstance(prompt, str) and len(prompt) > _HEAD_CHARS_PER_TOKEN * max_len:
         head = _tokenize(state.engine, prompt[:_HEAD_CHARS_PER_TOKEN * max_len], param, **kw)
         if len(head) > max_len + 64:  # a cut changes only the last tokens
@@ -177,7 +181,7 @@ async def answer(state: AppState, request: Request, prepared: list[Prepared],
             for k, p in enumerate(prepared)]
     gen = gens[0] if len(gens) == 1 else _merged(gens, n)
     if stream:
-        return await _stream(aengine, rid, gen, fmt)
+        return await _stream(aengine, rid, gen, fmt, request)
     choices, final = await _collect(aengine, rid, gen, n * len(prepared), request)
     return fmt.response(choices, final)
 
@@ -246,8 +250,10 @@ async def _first_event(aengine: AsyncEngine, rid: str, gen: AsyncIterator):
 
 
 async def _stream(aengine: AsyncEngine, rid: str, gen: AsyncIterator,
-                  fmt: AnswerFormat) -> StreamingResponse:
-    first = await _first_event(aengine, rid, gen)
+                  fmt: AnswerFormat, request: Request) -> StreamingResponse:
+    # the first event comes after the prefill: a client that leaves before it stops it
+    first = await while_connected(request, _first_event(aengine, rid, gen),
+                                  lambda: aengine.abort(rid))
 
     async def events():
         try:

@@ -26,4 +26,7 @@ def add_routes(app: FastAPI, state: AppState) -> None:
 
     @app.get("/metrics")
     async def get_metrics():
+        # admissions handed back on the event loop (a request refused after tokenizing)
+        # change no engine state, so the engine thread does not refresh this gauge for them
+        state.metrics.waiting.set(aengine.num_queued)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

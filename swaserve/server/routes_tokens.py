@@ -7,6 +7,7 @@ import asyncio
 
 from fastapi import FastAPI
 
+from swaserve.server.bounds import check_text
 from swaserve.server.chat_path import plan_tools
 from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
 from swaserve.server.errors import APIError
@@ -41,6 +42,7 @@ def add_routes(app: FastAPI, state: AppState) -> None:
                 text = chat_prompt(state, body, plan)
                 if special is None:
                     special = not starts_with_bos(state, text)
+            check_text(tok, text, max_len, param)  # more than a prompt can be: untokenized
             return tok.encode(text, add_special_tokens=special is not False)
 
         ids = await asyncio.to_thread(work)

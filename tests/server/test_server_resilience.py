@@ -220,11 +220,12 @@ def test_health_answers_fast_while_huge_prompts_are_processed(tiny_long_context)
     base, proc = start_server("--model", tiny_long_context, "--dtype", "float32",
                               "--max-model-len", "32768")
     try:
-        # 260k characters (580 kB) of byte-level tokens: tokenized whole (0.15-0.2 s each),
-        # more tokens than the context holds; 8 times that (4.6 MB) is refused by its head.
-        # The bodies are encoded here, before polling: json.dumps of 4.6 MB holds this
+        # 190k characters (420 kB) of byte-level tokens: within the characters 32768 tokens
+        # can cover, so tokenized whole (0.1-0.2 s each), more tokens than the context
+        # holds; 8 times that (3.4 MB) is refused untokenized (server/bounds.py).
+        # The bodies are encoded here, before polling: json.dumps of 3.4 MB holds this
         # process's GIL for ~30 ms, which the polls would count
-        words = ("漢字かな🙂é ab " * 40_000)[:260_000]
+        words = ("漢字かな🙂é ab " * 40_000)[:190_000]
         bodies = [(path, json.dumps(body).encode()) for path, body in [
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": words}]}),
             ("/v1/completions", {"prompt": words}),
@@ -250,7 +251,7 @@ def test_health_answers_fast_while_huge_prompts_are_processed(tiny_long_context)
                 time.sleep(0.02)
         t.join()
         # a loop blocked by the tokenizer holds a poll at each of the eight prompts it
-        # tokenizes whole (0.15-0.2 s each). The server parses each 4.6 MB body on its loop
+        # tokenizes whole (0.15-0.2 s each). The server parses each 3.4 MB body on its loop
         # (json + pydantic, 15-25 ms alone), and a shared machine stalls a few polls past
         # 100 ms (CI once saw 103, 119 and 134 ms): up to four slow polls pass
         slow = [round(s, 3) for s in took if s >= 0.1]

@@ -187,6 +187,11 @@ def _turns(body: CountTokensRequest) -> list[dict]:
     called: set[str] = set()
     for i, m in enumerate(body.messages):
         where = f"messages.{i}.content"
+        last_assistant = i == len(body.messages) - 1 and m.role == "assistant"
+        if not last_assistant and all(isinstance(b, TextBlock) and not b.text
+                                      for b in m.content):  # as Anthropic's API refuses
+            raise APIError(400, f"{where}: must not be empty (only a final assistant "
+                           "message may be)", where)
         texts, reasoning, calls = [], [], []
         for j, b in enumerate(m.content):
             wrong = (b.type in ("tool_use", "thinking", "redacted_thinking")
@@ -247,6 +252,11 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         chat["tool_choice"] = choice
     if parallel is not None:
         chat["parallel_tool_calls"] = parallel
+    budget = body.thinking.budget_tokens if body.thinking is not None else None
+    if (budget is not None and isinstance(body, MessagesRequest)
+            and body.thinking.type == "enabled" and budget >= body.max_tokens):  # as Anthropic's
+        raise APIError(400, f"thinking.budget_tokens: must be less than max_tokens "
+                       f"({body.max_tokens})", "thinking.budget_tokens")
     if body.thinking is not None and body.thinking.type != "adaptive":
         on = body.thinking.type == "enabled"
         chat["chat_template_kwargs"] = {"enable_thinking": on, "thinking": on}

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from swaserve.sampling.params import MAX_LOGPROBS
+from swaserve.server.bounds import json_problem
 
 MAX_N = 128
 MAX_STOP = 16
@@ -36,16 +37,11 @@ def _utf8(s: str) -> str:
 
 def _utf8_json(v: Any) -> Any:
     """JSON data whose every key and string is valid Unicode (templates write it into the
-    prompt, which must encode)."""
-    if isinstance(v, str):
-        _utf8(v)
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            _utf8_json(k)
-            _utf8_json(x)
-    elif isinstance(v, list):
-        for x in v:
-            _utf8_json(x)
+    prompt, which must encode), nesting at most MAX_JSON_DEPTH levels: walked without
+    recursion, so any depth the body parser accepts is a 400."""
+    problem = json_problem(v)
+    if problem is not None:
+        raise ValueError(problem)
     return v
 
 

@@ -146,6 +146,16 @@ class ResponsesRequest(BaseModel):
             raise ValueError("must be a string or a list of items")
         return v
 
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (v or {}).items():  # OpenAI's limits
+            if len(key) > 64:
+                raise ValueError(f"key {key[:16]!r}... is longer than 64 characters")
+            if len(value) > 512:
+                raise ValueError(f"the value of {key!r} is longer than 512 characters")
+        return v
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v: Any) -> Any:

@@ -139,13 +139,14 @@ class MessageReader:
     def feed(self, token_ids: Sequence[int], text: str = "") -> list[Event]:
         """New tokens (and, without a parser, their text, which is the answer as it is)."""
         if self.parser is None:
-            return self._take([Event("content", text)] if text else [])
-        return self._take(self.parser.feed(token_ids))
+            return self.add([Event("content", text)] if text else [])
+        return self.add(self.parser.feed(token_ids))
 
     def finish(self) -> list[Event]:
-        return self._take(self.parser.finish() if self.parser is not None else [])
+        return self.add(self.parser.finish() if self.parser is not None else [])
 
-    def _take(self, events: list[Event]) -> list[Event]:
+    def add(self, events: list[Event]) -> list[Event]:
+        """Events added to the message; returned as they are."""
         m = self.message
         for e in events:
             if e.kind == "content":

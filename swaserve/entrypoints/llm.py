@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from swaserve.chat.events import Event
 from swaserve.chat.setup import ChatSetup, chat_setup
 from swaserve.config import EngineConfig
 from swaserve.engine.engine import Engine
@@ -15,6 +16,7 @@ from swaserve.engine.request import Request
 from swaserve.entrypoints.chat import (
     ChatMessage,
     Conversation,
+    MessageReader,
     conversations,
     read_message,
     render_chat,
@@ -180,6 +182,39 @@ class LLM:
                            o.num_cached_tokens, o.prompt_logprobs,
                            [read_message(p.parser, c.token_ids, c.text) for c in o.outputs])
                 for p, o in zip(prompts, outs)]
+
+    def chat_stream(self, messages: Conversation, sampling_params: SamplingParams | None = None,
+                    *, chat_template_kwargs: dict[str, Any] | None = None
+                    ) -> Iterator[Event]:
+        """Answer one conversation as its tokens arrive: the events (reasoning, content)
+        of its first completion, read by the model's chat format. Leaving the loop early
+        aborts the request."""
+        [conv] = conversations([messages])
+        p = render_chat(self.chat_setup(), self.tokenizer, conv,
+                        sampling_params or SamplingParams(), None,
+                        chat_template_kwargs=chat_template_kwargs)
+        eng = self.engine
+        reqs = eng.add_request(p.token_ids, p.params)
+        req, reader = reqs[0], MessageReader(p.parser() if p.parser is not None else None)
+        ids = chars = 0
+        try:
+            while True:
+                done = req.is_finished
+                new_ids, new_text = req.output_token_ids[ids:], req.output_text[chars:]
+                ids, chars = ids + len(new_ids), chars + len(new_text)
+                yield from reader.feed(new_ids, new_text)
+                if done:
+                    break
+                eng.step()
+                if eng.last_step is None and not req.is_finished:
+                    raise RuntimeError("engine stalled: no request could be scheduled")
+            yield from reader.finish()
+        finally:
+            for r in reqs:
+                eng.abort(r.request_id)
+            eng.settle()
+            for r in reqs:
+                eng.release(r.request_id)
 
     def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[list[float]]:
         """One embedding per prompt (a string or token ids), pooled as the model's

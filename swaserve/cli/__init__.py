@@ -1,4 +1,4 @@
-"""Command line: `swaserve generate | serve | plan`. Flags come from EngineConfig and
+"""Command line: `swaserve generate | chat | serve | plan`. Flags come from EngineConfig and
 SamplingParams (cli/args.py)."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import argparse
 import logging
 import sys
 
-from swaserve.cli import generate, plan, serve
+from swaserve.cli import chat, generate, plan, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swaserve", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (generate, serve, plan):
+    for command in (generate, chat, serve, plan):
         command.register(sub)
     return p
 

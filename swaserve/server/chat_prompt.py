@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from swaserve.chat.setup import starts_with_bos as _starts_with_bos
 from swaserve.chat.template import ChatTemplateError
 from swaserve.chat.tools import ToolPlan, template_messages
 from swaserve.sampling.json_bounds import json_excess
@@ -85,8 +86,6 @@ def chat_prompt(state: AppState, body, plan: ToolPlan | None) -> str:
 
 
 def starts_with_bos(state: AppState, text: str) -> bool:
-    """Whether a rendered chat already begins with the BOS token (most templates write
-    it), so tokenizing it must not add another."""
-    tok = state.tokenizer
-    bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
-    return bool(bos) and text.startswith(bos)
+    """Whether a rendered chat already begins with the BOS token, so tokenizing it must
+    not add another (chat/setup.py)."""
+    return _starts_with_bos(state.tokenizer, text)

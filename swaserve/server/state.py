@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swaserve.chat.registry import default_parsers
-from swaserve.chat.template import GEMMA_END_OF_TURN, ChatTemplate
+from swaserve.chat.setup import chat_setup
+from swaserve.chat.template import ChatTemplate
 from swaserve.checkpoint.tokenizer import Tokenizer
 from swaserve.engine.engine import Engine
 from swaserve.server.async_engine import AsyncEngine
@@ -46,11 +46,7 @@ class AppState:
         template = end_of_turn = None
         formats: tuple[str | None, str | None] = (None, None)
         if tok is not None:
-            source = chat_template or tok.chat_templates or None
-            template = ChatTemplate(source, tok.special_tokens)
-            if template.builtin:
-                end_of_turn = tok.token_to_id(GEMMA_END_OF_TURN)
-            found = default_parsers(None if template.builtin else template.source_for(True))
+            template, end_of_turn, *found = chat_setup(tok, chat_template)
             formats = tuple(found[k] if name == AUTO else None if name == NONE else name
                             for k, name in enumerate((reasoning_parser, tool_parser)))
         return cls(aengine, names, metrics, template, end_of_turn,

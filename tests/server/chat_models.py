@@ -45,17 +45,22 @@ def gpt_oss_chat(tmp_path_factory):
     yield from inprocess_served(str(path), max_model_len=2048)
 
 
-@pytest.fixture(scope="module")
-def qwen3_chat(tmp_path_factory):
+def write_qwen3_chat(path: Path) -> Path:
+    """A tiny random Qwen3 with Qwen3-0.6B's tokenizer and chat template, in `path`."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    path = tmp_path_factory.mktemp("qwen3_chat")
     cfg = Qwen3Config(**{**FAMILY_COMMON, "vocab_size": 151669, "eos_token_id": 151645,
                          "bos_token_id": 151643, "pad_token_id": 151643,
                          "max_position_embeddings": 2048},
                       num_hidden_layers=2, tie_word_embeddings=True)
     _save(_randomize_norms(Qwen3ForCausalLM(cfg)), path)
     _chat_dir(path, "qwen3", "Qwen-Qwen3-0.6B.jinja")
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3_chat(tmp_path_factory):
+    path = write_qwen3_chat(tmp_path_factory.mktemp("qwen3_chat"))
     yield from inprocess_served(str(path), max_model_len=2048)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from swaserve.chat.events import find_marker, held_from
 from swaserve.chat.formats.base import ChatFormat
 from swaserve.chat.lark import Lark, txt
-from swaserve.chat.tagged import TaggedParams
+from swaserve.chat.tagged import TaggedParams, is_typed, parameter_type
 from swaserve.chat.think import R1_THINK
 
 DS = {k: f"<｜{v}｜>" for k, v in {
@@ -77,7 +77,10 @@ class DeepSeekCalls(TaggedParams):
         if head is None:
             return False
         pname, _, attrs = head.partition('"')
-        self.begin_param(pname, 'string="true"' in attrs)
+        kind = parameter_type(self.calls.names, self.name, pname)
+        # the schema's type, where it has one, outweighs the call's string attribute
+        said = 'string="true"' in attrs
+        self.begin_param(pname, kind == "string" or (said and not is_typed(kind)), kind)
         return True
 
     def s_calls(self, final: bool) -> bool:

@@ -58,7 +58,8 @@ class Qwen3XmlCalls(TaggedParams):
         if pname is None:
             return False
         pname = pname.strip()
-        self.begin_param(pname, parameter_type(self.calls.names, self.name, pname) == "string")
+        kind = parameter_type(self.calls.names, self.name, pname)
+        self.begin_param(pname, kind == "string", kind)
         return True
 
 

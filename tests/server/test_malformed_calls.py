@@ -1,0 +1,76 @@
+"""Real models' call outputs that stray from their format's clean form, on the family's
+tokenizer, parsed whole and in random token cuts alike: Python-style values typed by the
+tool's schema, a call begun inside an unclosed think block, DSML values coerced by the
+schema."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from tests.helpers.tokenizers import load_tokenizer
+from tests.server.conftest import parse_in_cuts, random_cuts
+
+TOOLS = {"run": {"type": "object", "properties": {
+    "cmd": {"type": "string"}, "dry_run": {"type": "boolean"}, "n": {"type": "integer"},
+    "x": {"type": "number"}, "opts": {"type": "object"}, "ids": {"type": "array"},
+    "note": {"type": "string"}, "any": {}}}}
+
+
+def parse(family, text, **opts):
+    """The merged events, checked to be the same whole, token by token and in cuts."""
+    tok = load_tokenizer(family)
+    ids = tok.encode(text, add_special_tokens=False)
+    opts.setdefault("tool_names", TOOLS)
+    whole, _ = parse_in_cuts(tok, ids, [len(ids)], **opts)
+    rng = random.Random(1)
+    for cuts in [[1] * len(ids)] + [random_cuts(rng, len(ids)) for _ in range(4)]:
+        assert parse_in_cuts(tok, ids, cuts, **opts)[0] == whole
+    return whole
+
+
+def calls_of(events):
+    """(name, arguments as JSON) of each call, and the content."""
+    names = [e.name for e in events if e.kind == "call"]
+    args = [json.loads(e.text) for e in events if e.kind == "arguments"]
+    content = "".join(e.text for e in events if e.kind == "content")
+    return list(zip(names, args, strict=True)), content
+
+
+def qwen_call(params):
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function=run>\n{body}</function>\n</tool_call>"
+
+
+def test_qwen3_xml_python_values_typed_by_schema():
+    text = qwen_call({"cmd": "True", "dry_run": "True", "n": "3", "x": "1.5",
+                      "opts": "{'a': None, 'b': [1, 'x']}", "ids": "[1, 2]",
+                      "note": "None", "any": "abc"})
+    calls, content = calls_of(parse("qwen3", text, reasoning=None, tools="qwen3_xml"))
+    assert calls == [("run", {"cmd": "True", "dry_run": True, "n": 3, "x": 1.5,
+                              "opts": {"a": None, "b": [1, "x"]}, "ids": [1, 2],
+                              "note": "None", "any": "abc"})]
+    assert content == ""
+
+
+def test_qwen3_xml_value_that_is_not_its_type_stays_a_string():
+    text = qwen_call({"dry_run": "maybe", "n": "three", "opts": "{1, 2}"})
+    calls, _ = calls_of(parse("qwen3", text, reasoning=None, tools="qwen3_xml"))
+    assert calls == [("run", {"dry_run": "maybe", "n": "three", "opts": "{1, 2}"})]
+
+
+def dsml_call(params):
+    d = "｜DSML｜"
+    body = "".join(f'<{d}parameter name="{k}" string="{s}">{v}</{d}parameter>\n'
+                   for k, (s, v) in params.items())
+    return f'<{d}tool_calls>\n<{d}invoke name="run">\n{body}</{d}invoke>\n</{d}tool_calls>'
+
+
+def test_dsml_values_coerced_by_schema():
+    text = "Ok." + dsml_call({"n": ("true", "5"), "dry_run": ("true", "false"),
+                              "cmd": ("false", "null"), "note": ("false", "12"),
+                              "x": ("false", "2."), "any": ("false", "[1]")})
+    calls, content = calls_of(parse("deepseek", text, reasoning=None, tools="deepseek"))
+    assert calls == [("run", {"n": 5, "dry_run": False, "cmd": "null", "note": "12",
+                              "x": 2.0, "any": [1]})]
+    assert content == "Ok."

@@ -59,6 +59,24 @@ def test_qwen3_xml_value_that_is_not_its_type_stays_a_string():
     assert calls == [("run", {"dry_run": "maybe", "n": "three", "opts": "{1, 2}"})]
 
 
+def test_qwen3_call_inside_an_unclosed_think_block_ends_the_reasoning():
+    text = "I should run it.\n\n" + qwen_call({"cmd": "ls"})
+    for tools in ("qwen3_xml", "hermes"):
+        if tools == "hermes":
+            text = ("I should run it.\n\n<tool_call>\n"
+                    + json.dumps({"name": "run", "arguments": {"cmd": "ls"}}) + "\n</tool_call>")
+        events = parse("qwen3", text, reasoning="qwen3", tools=tools,
+                       prompt="<|im_start|>assistant\n<think>\n")
+        assert events[0].kind == "reasoning" and events[0].text == "I should run it.\n\n"
+        assert calls_of(events) == ([("run", {"cmd": "ls"})], "")
+
+
+def test_qwen3_think_without_tools_keeps_a_tool_call_tag_as_reasoning():
+    events = parse("qwen3", "About <tool_call> tags.", reasoning="qwen3", tools=None,
+                   tool_names=None, prompt="<|im_start|>assistant\n<think>\n")
+    assert [(e.kind, e.text) for e in events] == [("reasoning", "About <tool_call> tags.")]
+
+
 def dsml_call(params):
     d = "｜DSML｜"
     body = "".join(f'<{d}parameter name="{k}" string="{s}">{v}</{d}parameter>\n'

@@ -40,8 +40,10 @@ class JsonValueScan:
 
 class CallReader:
     """Reads one call object. Callbacks: `on_name(name) -> bool` (False refuses the call:
-    the reader fails), `on_args(fragment)`. Arguments written before the name are held
-    until it comes; arguments given as a JSON string are said once, decoded."""
+    the reader fails), `on_args(fragment)`. The call is said (`on_name`) once its name has
+    come and its arguments are known to be an object (or absent), so that arguments of
+    another kind leave no call. Arguments written before the name are held until it
+    comes; arguments given as a JSON string are said once, decoded."""
 
     def __init__(self, on_name: Callable[[str], bool], on_args: Callable[[str], None]):
         self._on_name, self._on_args = on_name, on_args
@@ -49,16 +51,29 @@ class CallReader:
         self._tok = ""  # the key, the name string, or a held value
         self._key = ""
         self._scan: JsonValueScan | None = None
-        self._named = False
+        self._named = False  # the name has come
+        self._said = False  # the call has been said
+        self._name = ""
         self._held_args: list[str] = []
         self.has_args = False
 
     def _args(self, text: str) -> None:
         self.has_args = True
-        if self._named:
+        if self._said:
             self._on_args(text)
         else:
             self._held_args.append(text)
+
+    def _say(self) -> bool:
+        """The call is certain: said, with the arguments held so far; False if refused."""
+        if not self._said:
+            if not self._on_name(self._name):
+                return False
+            self._said = True
+            for a in self._held_args:
+                self._on_args(a)
+            self._held_args.clear()
+        return True
 
     def push(self, ch: str) -> str:
         s = self._state
@@ -84,12 +99,11 @@ class CallReader:
                 if s == "key":
                     self._key, self._state = text, "colon"
                 else:
-                    if self._named or not isinstance(text, str) or not self._on_name(text):
+                    if self._named or not isinstance(text, str):
                         return FAIL
-                    self._named = True
-                    for a in self._held_args:
-                        self._on_args(a)
-                    self._held_args.clear()
+                    self._named, self._name = True, text
+                    if self.has_args and not self._say():  # the arguments came first
+                        return FAIL
                     self._state = "after"
         elif s == "colon":
             if ch != ":":
@@ -117,12 +131,15 @@ class CallReader:
             if ch != '"':
                 return FAIL
             self._state, self._tok = "name", ch
-        elif self._key in ARGUMENT_KEYS and ch == "{" and not self.has_args:
+        elif self._key in ARGUMENT_KEYS and not self.has_args:
+            if ch == '"':
+                self._state, self._tok = "args_str", ch
+                return MORE
+            if ch != "{" or (self._named and not self._say()):
+                return FAIL  # arguments that are not an object: no call
             self._scan, self._state = JsonValueScan(), "args"
             self._args(ch)
             self._scan.push(ch)
-        elif self._key in ARGUMENT_KEYS and ch == '"' and not self.has_args:
-            self._state, self._tok = "args_str", ch
         else:  # another key's value: read past it
             self._state, self._tok, self._scan = "skip", "", JsonValueScan()
             return self._held_value(ch)
@@ -136,7 +153,7 @@ class CallReader:
                     args = json.loads(json.loads(self._tok))
                 except ValueError:
                     return FAIL
-                if not isinstance(args, dict):
+                if not isinstance(args, dict) or (self._named and not self._say()):
                     return FAIL
                 self._args(json.dumps(args, ensure_ascii=False))
                 self._state = "after"
@@ -158,7 +175,7 @@ class CallReader:
         return MORE
 
     def _close(self) -> str:
-        if not self._named:
+        if not self._named or not self._say():
             return FAIL
         if not self.has_args:
             self._args("{}")

@@ -95,8 +95,22 @@ class TaggedParams(MarkedCalls):
         self.buf = self.buf[i + len(end):]
         return text
 
+    def named(self, name: str) -> bool:
+        """A call's name has come: False when it names no declared tool. The call is said
+        at its first parameter or its end, so that a body that does not parse is no call."""
+        self.name, self.params = name, 0
+        return name in self.calls.names
+
+    def end_call(self) -> None:
+        """The call's closing tag: said now if it had no parameter, and its arguments closed."""
+        if not self.params:
+            self.calls.start(self.name)
+        self.calls.args("}" if self.params else "{}")
+
     def begin_param(self, pname: str, is_string: bool, kind: object = None) -> None:
         """A parameter's key said; its value (of schema type `kind`) comes next."""
+        if not self.params:
+            self.calls.start(self.name)
         self.calls.args(("{" if not self.params else ", ") + json.dumps(pname) + ": ")
         self.params += 1
         self.is_string, self.kind = is_string, kind

@@ -92,3 +92,22 @@ def test_dsml_values_coerced_by_schema():
     assert calls == [("run", {"n": 5, "dry_run": False, "cmd": "null", "note": "12",
                               "x": 2.0, "any": [1]})]
     assert content == "Ok."
+
+
+def test_hermes_arguments_that_are_not_an_object_are_no_call():
+    for args in ('"hello"', "[1, 2]", "5"):
+        text = 'Try:\n<tool_call>\n{"name": "run", "arguments": ' + args + "}\n</tool_call>"
+        events = parse("qwen3", text, reasoning=None, tools="hermes")
+        assert calls_of(events) == ([], text), args
+    text = '<tool_call>\n{"name": "run", "arguments": "{\\"cmd\\": \\"ls\\"}"}\n</tool_call>'
+    assert calls_of(parse("qwen3", text, reasoning=None, tools="hermes")) == (
+        [("run", {"cmd": "ls"})], "")
+
+
+def test_tagged_call_whose_body_does_not_parse_is_content():
+    d = "｜DSML｜"
+    text = (f'Ok.<{d}tool_calls>\n<{d}invoke name="run">\n{{"cmd": "ls"}}\n</{d}invoke>\n'
+            f"</{d}tool_calls>")
+    assert calls_of(parse("deepseek", text, reasoning=None, tools="deepseek")) == ([], text)
+    text = '<tool_call>\n<function=run>\n{"cmd": "ls"}\n</function>\n</tool_call>'
+    assert calls_of(parse("qwen3", text, reasoning=None, tools="qwen3_xml")) == ([], text)

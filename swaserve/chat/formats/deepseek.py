@@ -58,10 +58,9 @@ class DeepSeekCalls(TaggedParams):
         name = self._upto(final, '">')
         if name is None:
             return False
-        self.name = name
-        if not self.calls.start(name):
+        if not self.named(name):
             return self.fail(self.buf)
-        self.state, self.params = "parameters", 0
+        self.state = "parameters"
         return True
 
     def s_parameters(self, final: bool) -> bool:
@@ -69,7 +68,7 @@ class DeepSeekCalls(TaggedParams):
         if r is None:
             return self.fail(self.buf)
         if r and self.state == "invokes":
-            self.calls.args("}" if self.params else "{}")
+            self.end_call()
         return r
 
     def s_parameter_name(self, final: bool) -> bool:

@@ -45,8 +45,10 @@ class CallReader:
     another kind leave no call. Arguments written before the name are held until it
     comes; arguments given as a JSON string are said once, decoded."""
 
-    def __init__(self, on_name: Callable[[str], bool], on_args: Callable[[str], None]):
+    def __init__(self, on_name: Callable[[str], bool], on_args: Callable[[str], None],
+                 whole: bool = False):
         self._on_name, self._on_args = on_name, on_args
+        self._whole = whole  # arguments held until they parse as a whole object
         self._state = "open"
         self._tok = ""  # the key, the name string, or a held value
         self._key = ""
@@ -115,6 +117,8 @@ class CallReader:
             self._args(ch)
             if self._scan.push(ch):
                 self._state = "after"
+                if self._whole and not self._whole_args():
+                    return FAIL
         elif s in ("args_str", "skip"):
             return self._held_value(ch)
         elif s == "after":
@@ -126,6 +130,14 @@ class CallReader:
                 return FAIL
         return MORE
 
+    def _whole_args(self) -> bool:
+        """Held arguments complete: whether they parse as an object (then said if named)."""
+        try:
+            args = json.loads("".join(self._held_args))
+        except ValueError:
+            return False
+        return isinstance(args, dict) and (not self._named or self._say())
+
     def _value_start(self, ch: str) -> str:
         if self._key == "name":
             if ch != '"':
@@ -135,7 +147,7 @@ class CallReader:
             if ch == '"':
                 self._state, self._tok = "args_str", ch
                 return MORE
-            if ch != "{" or (self._named and not self._say()):
+            if ch != "{" or (self._named and not self._whole and not self._say()):
                 return FAIL  # arguments that are not an object: no call
             self._scan, self._state = JsonValueScan(), "args"
             self._args(ch)
@@ -193,12 +205,13 @@ def _escaped(quoted: str) -> bool:
 
 class CallsReader:
     """One call object, or a list of them (`[{...}, {...}]`) when `lists` allows. Calls
-    come out through `start(name) -> bool` (False: not a declared tool) and `args`."""
+    come out through `start(name) -> bool` (False: not a declared tool) and `args`;
+    with `whole`, a call's arguments come out at once, once they parse."""
 
     def __init__(self, tool_names: Collection[str], start: Callable[[str], bool],
-                 args: Callable[[str], None], lists: bool = True):
+                 args: Callable[[str], None], lists: bool = True, whole: bool = False):
         self._names, self._start, self._args = tool_names, start, args
-        self._lists = lists
+        self._lists, self._whole = lists, whole
         self._state = "first"
         self._call: CallReader | None = None
         self.calls = 0
@@ -206,7 +219,7 @@ class CallsReader:
     def _new_call(self) -> CallReader:
         def on_name(name: str) -> bool:
             return name in self._names and self._start(name)
-        return CallReader(on_name, self._args)
+        return CallReader(on_name, self._args, self._whole)
 
     def push(self, ch: str) -> str:
         s = self._state

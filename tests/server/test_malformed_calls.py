@@ -111,3 +111,22 @@ def test_tagged_call_whose_body_does_not_parse_is_content():
     assert calls_of(parse("deepseek", text, reasoning=None, tools="deepseek")) == ([], text)
     text = '<tool_call>\n<function=run>\n{"cmd": "ls"}\n</function>\n</tool_call>'
     assert calls_of(parse("qwen3", text, reasoning=None, tools="qwen3_xml")) == ([], text)
+
+
+def llama_call(args):
+    return json.dumps({"name": "run", "parameters": args})
+
+
+def test_llama3_calls_a_line_each_or_after_semicolons():
+    for sep in ("\n", ";\n", " ; "):
+        text = llama_call({"cmd": "ls"}) + sep + llama_call({"n": 2})
+        assert calls_of(parse("llama3", text, reasoning=None, tools="llama3_json")) == (
+            [("run", {"cmd": "ls"}), ("run", {"n": 2})], ""), sep
+
+
+def test_llama3_call_with_invalid_arguments_is_content():
+    text = '{"name": "run", "parameters": {"cmd": ls -la, "n": 2}}'
+    assert calls_of(parse("llama3", text, reasoning=None, tools="llama3_json")) == ([], text)
+    text = llama_call({"cmd": "ls"}) + '\n{"name": "run", "parameters": {"n": }}'
+    assert calls_of(parse("llama3", text, reasoning=None, tools="llama3_json")) == (
+        [("run", {"cmd": "ls"})], '{"name": "run", "parameters": {"n": }}')

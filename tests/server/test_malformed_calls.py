@@ -130,3 +130,12 @@ def test_llama3_call_with_invalid_arguments_is_content():
     text = llama_call({"cmd": "ls"}) + '\n{"name": "run", "parameters": {"n": }}'
     assert calls_of(parse("llama3", text, reasoning=None, tools="llama3_json")) == (
         [("run", {"cmd": "ls"})], '{"name": "run", "parameters": {"n": }}')
+
+
+def test_gemma4_empty_values_and_trailing_dots():
+    text = ('<|tool_call>call:run{cmd:<|"|>ls<|"|>,n:,x:108.,opts:{a:},ids:[1,2,],'
+            'note:<|"|>a,b<|"|>,}<tool_call|>Done.')
+    calls, content = calls_of(parse("gemma4", text, reasoning=None, tools="gemma4"))
+    assert calls == [("run", {"cmd": "ls", "n": None, "x": 108.0, "opts": {"a": None},
+                              "ids": [1, 2], "note": "a,b"})]
+    assert content == "Done."

@@ -7,8 +7,8 @@ that ends with `<think>` (R1's templates, Qwen3.5 with thinking on) leaves the o
 the block until `</think>`; a closed empty block (Qwen3 with enable_thinking false) or none
 leaves it outside, where a `<think>` at the output's start opens one. Whitespace that opens
 the reasoning or the text after it is dropped. A block whose family calls tools only after
-it (`calls_end_it`) ends at a call's opening, where tools are in play: a model that starts
-a call without closing the block has left it.
+it ends at a call's opening (`call_opens`), where tools are in play: a model that starts a
+call without closing the block has left it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ThinkBlock:
     close: str
     specials: tuple[str, ...]
     constrained: bool = False
-    calls_end_it: bool = False  # a tool parser's opening ends the block (Qwen3)
+    call_opens: tuple[str, ...] = ()  # tool parsers' openings that end the block (Qwen3)
     reads_tokens = False  # the format's text parser reads it (not a parser of its own)
 
     def lead(self, lk: Lark, prompt: str) -> str:
@@ -60,7 +60,7 @@ class ThinkBlock:
 
 
 QWEN3_THINK = ThinkBlock("qwen3", THINK, END_THINK, (THINK, END_THINK), constrained=True,
-                         calls_end_it=True)
+                         call_opens=("<tool_call>",))
 R1_THINK = ThinkBlock("deepseek_r1", THINK, END_THINK, (THINK, END_THINK), constrained=True)
 
 
@@ -73,8 +73,8 @@ class ThinkSplitter:
         self.open, self.close, specials = block.open, block.close, block.specials
         self.markers = inner.markers | set(specials)
         # the call openings that end the block, kept for the tool parser
-        self.call_opens = tuple(getattr(inner, "opens", ())) if block.calls_end_it else ()
-        self.ends = (self.close, *self.call_opens)
+        opens = getattr(inner, "opens", ())
+        self.ends = (self.close, *(m for m in block.call_opens if m in opens))
         self._state = "think" if prompt_opens_think(prompt, self.open) else "start"
         self._buf = ""
         self._strip = True  # the next part's leading whitespace is dropped

@@ -139,3 +139,10 @@ def test_gemma4_empty_values_and_trailing_dots():
     assert calls == [("run", {"cmd": "ls", "n": None, "x": 108.0, "opts": {"a": None},
                               "ids": [1, 2], "note": "a,b"})]
     assert content == "Done."
+
+
+def test_qwen3_think_ends_only_at_its_own_call_opening():
+    events = parse("qwen3", "Use ``` fences.</think>Ok.", reasoning="qwen3", tools="json",
+                   prompt="<|im_start|>assistant\n<think>\n")
+    assert [(e.kind, e.text) for e in events] == [("reasoning", "Use ``` fences."),
+                                                   ("content", "Ok.")]

@@ -2,8 +2,8 @@
 are JSON-like with bare keys and strings between `<|"|>` marks. The call's body is turned
 into the arguments' JSON as it streams: keys quoted, strings escaped, scalars as they are
 (a number as float() spells it, `108.`, is a number; a bare word that is not a JSON scalar
-becomes a string). A key without a value (`key:}`) has null, a trailing comma is dropped. Its reasoning is a thought
-channel, `<|channel>thought`…`<channel|>`."""
+becomes a string). A key without a value (`key:}`) has null, a trailing comma is dropped.
+Its reasoning is a thought channel, `<|channel>thought`…`<channel|>`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Real models' call outputs that stray from their format's clean form, on the family's
 tokenizer, parsed whole and in random token cuts alike: Python-style values typed by the
-tool's schema, a call begun inside an unclosed think block, DSML values coerced by the
-schema."""
+tool's schema, a call begun inside an unclosed think block, arguments that are not an
+object (no call, the block stays content), Llama's calls a line each, Gemma 4's empty
+values and trailing dots, DSML values coerced by the schema."""
 
 from __future__ import annotations
 

@@ -40,25 +40,42 @@ class JsonValueScan:
 
 class CallReader:
     """Reads one call object. Callbacks: `on_name(name) -> bool` (False refuses the call:
-    the reader fails), `on_args(fragment)`. Arguments written before the name are held
-    until it comes; arguments given as a JSON string are said once, decoded."""
+    the reader fails), `on_args(fragment)`. The call is said (`on_name`) once its name has
+    come and its arguments are known to be an object (or absent), so that arguments of
+    another kind leave no call. Arguments written before the name are held until it
+    comes; arguments given as a JSON string are said once, decoded."""
 
-    def __init__(self, on_name: Callable[[str], bool], on_args: Callable[[str], None]):
+    def __init__(self, on_name: Callable[[str], bool], on_args: Callable[[str], None],
+                 whole: bool = False):
         self._on_name, self._on_args = on_name, on_args
+        self._whole = whole  # arguments held until they parse as a whole object
         self._state = "open"
         self._tok = ""  # the key, the name string, or a held value
         self._key = ""
         self._scan: JsonValueScan | None = None
-        self._named = False
+        self._named = False  # the name has come
+        self._said = False  # the call has been said
+        self._name = ""
         self._held_args: list[str] = []
         self.has_args = False
 
     def _args(self, text: str) -> None:
         self.has_args = True
-        if self._named:
+        if self._said:
             self._on_args(text)
         else:
             self._held_args.append(text)
+
+    def _say(self) -> bool:
+        """The call is certain: said, with the arguments held so far; False if refused."""
+        if not self._said:
+            if not self._on_name(self._name):
+                return False
+            self._said = True
+            for a in self._held_args:
+                self._on_args(a)
+            self._held_args.clear()
+        return True
 
     def push(self, ch: str) -> str:
         s = self._state
@@ -84,12 +101,11 @@ class CallReader:
                 if s == "key":
                     self._key, self._state = text, "colon"
                 else:
-                    if self._named or not isinstance(text, str) or not self._on_name(text):
+                    if self._named or not isinstance(text, str):
                         return FAIL
-                    self._named = True
-                    for a in self._held_args:
-                        self._on_args(a)
-                    self._held_args.clear()
+                    self._named, self._name = True, text
+                    if self.has_args and not self._say():  # the arguments came first
+                        return FAIL
                     self._state = "after"
         elif s == "colon":
             if ch != ":":
@@ -101,6 +117,8 @@ class CallReader:
             self._args(ch)
             if self._scan.push(ch):
                 self._state = "after"
+                if self._whole and not self._whole_args():
+                    return FAIL
         elif s in ("args_str", "skip"):
             return self._held_value(ch)
         elif s == "after":
@@ -112,17 +130,28 @@ class CallReader:
                 return FAIL
         return MORE
 
+    def _whole_args(self) -> bool:
+        """Held arguments complete: whether they parse as an object (then said if named)."""
+        try:
+            args = json.loads("".join(self._held_args))
+        except ValueError:
+            return False
+        return isinstance(args, dict) and (not self._named or self._say())
+
     def _value_start(self, ch: str) -> str:
         if self._key == "name":
             if ch != '"':
                 return FAIL
             self._state, self._tok = "name", ch
-        elif self._key in ARGUMENT_KEYS and ch == "{" and not self.has_args:
+        elif self._key in ARGUMENT_KEYS and not self.has_args:
+            if ch == '"':
+                self._state, self._tok = "args_str", ch
+                return MORE
+            if ch != "{" or (self._named and not self._whole and not self._say()):
+                return FAIL  # arguments that are not an object: no call
             self._scan, self._state = JsonValueScan(), "args"
             self._args(ch)
             self._scan.push(ch)
-        elif self._key in ARGUMENT_KEYS and ch == '"' and not self.has_args:
-            self._state, self._tok = "args_str", ch
         else:  # another key's value: read past it
             self._state, self._tok, self._scan = "skip", "", JsonValueScan()
             return self._held_value(ch)
@@ -136,7 +165,7 @@ class CallReader:
                     args = json.loads(json.loads(self._tok))
                 except ValueError:
                     return FAIL
-                if not isinstance(args, dict):
+                if not isinstance(args, dict) or (self._named and not self._say()):
                     return FAIL
                 self._args(json.dumps(args, ensure_ascii=False))
                 self._state = "after"
@@ -158,7 +187,7 @@ class CallReader:
         return MORE
 
     def _close(self) -> str:
-        if not self._named:
+        if not self._named or not self._say():
             return FAIL
         if not self.has_args:
             self._args("{}")
@@ -176,12 +205,13 @@ def _escaped(quoted: str) -> bool:
 
 class CallsReader:
     """One call object, or a list of them (`[{...}, {...}]`) when `lists` allows. Calls
-    come out through `start(name) -> bool` (False: not a declared tool) and `args`."""
+    come out through `start(name) -> bool` (False: not a declared tool) and `args`;
+    with `whole`, a call's arguments come out at once, once they parse."""
 
     def __init__(self, tool_names: Collection[str], start: Callable[[str], bool],
-                 args: Callable[[str], None], lists: bool = True):
+                 args: Callable[[str], None], lists: bool = True, whole: bool = False):
         self._names, self._start, self._args = tool_names, start, args
-        self._lists = lists
+        self._lists, self._whole = lists, whole
         self._state = "first"
         self._call: CallReader | None = None
         self.calls = 0
@@ -189,7 +219,7 @@ class CallsReader:
     def _new_call(self) -> CallReader:
         def on_name(name: str) -> bool:
             return name in self._names and self._start(name)
-        return CallReader(on_name, self._args)
+        return CallReader(on_name, self._args, self._whole)
 
     def push(self, ch: str) -> str:
         s = self._state

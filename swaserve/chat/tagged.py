@@ -2,14 +2,17 @@
 syntax, DeepSeek V3.2 / V4's DSML: formats/qwen3_xml.py, formats/deepseek.py), turned into
 the arguments' JSON as they stream.
 
-A value is a string when the call says so (DSML's string="true") or the tool's schema
-does (its parameter's type); a string streams, escaped as it comes. Another value is read
-whole and taken as JSON where it parses, else as a string. The newlines that open and
-close a Qwen value are the template's, not the value's.
+A value is a string when the tool's schema says so (its parameter's type), or, where the
+schema gives no type, when the call does (DSML's string="true"); a string streams, escaped
+as it comes. Another value is read whole and taken as JSON where it parses; where the
+schema types it otherwise, as the Python literal the Qwen templates write (True, None,
+{'a': 1}) or a number (`2.`); else as a string. The newlines that open and close a Qwen
+value are the template's, not the value's.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Collection, Mapping
 
@@ -27,12 +30,40 @@ def parameter_type(tools: Collection[str] | Mapping[str, dict], tool: str,
     return prop.get("type") if isinstance(prop, dict) else None
 
 
-def json_value(text: str) -> str:
-    """A held value as JSON text: itself where it parses, else a JSON string of it."""
+def is_typed(kind: object) -> bool:
+    """Whether a schema type is one a string value is not (a list of types: none string)."""
+    if isinstance(kind, list):
+        return bool(kind) and "string" not in kind
+    return kind in ("boolean", "number", "integer", "object", "array", "null")
+
+
+def json_value(text: str, kind: object = None) -> str:
+    """A held value as JSON text: itself where it parses; where `kind` (its schema type)
+    is not string, the Python literal or number it spells; else a JSON string of it."""
     try:
         return json.dumps(json.loads(text), ensure_ascii=False)
     except ValueError:
-        return json.dumps(text, ensure_ascii=False)
+        pass
+    if is_typed(kind):
+        value = _literal(text.strip())
+        if value is not None:
+            return value
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _literal(text: str) -> str | None:
+    """JSON text of a Python literal or a number such as `2.`; None when it is neither."""
+    try:
+        return json.dumps(ast.literal_eval(text), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:  # a float() spelling JSON refuses (`2.`, `.5`)
+        number = float(text)
+    except ValueError:
+        return None
+    if number != number or number in (float("inf"), float("-inf")):
+        return None
+    return json.dumps(int(number) if number.is_integer() and "." not in text else number)
 
 
 class TaggedParams(MarkedCalls):
@@ -64,11 +95,25 @@ class TaggedParams(MarkedCalls):
         self.buf = self.buf[i + len(end):]
         return text
 
-    def begin_param(self, pname: str, is_string: bool) -> None:
-        """A parameter's key said; its value comes next."""
+    def named(self, name: str) -> bool:
+        """A call's name has come: False when it names no declared tool. The call is said
+        at its first parameter or its end, so that a body that does not parse is no call."""
+        self.name, self.params = name, 0
+        return name in self.calls.names
+
+    def end_call(self) -> None:
+        """The call's closing tag: said now if it had no parameter, and its arguments closed."""
+        if not self.params:
+            self.calls.start(self.name)
+        self.calls.args("}" if self.params else "{}")
+
+    def begin_param(self, pname: str, is_string: bool, kind: object = None) -> None:
+        """A parameter's key said; its value (of schema type `kind`) comes next."""
+        if not self.params:
+            self.calls.start(self.name)
         self.calls.args(("{" if not self.params else ", ") + json.dumps(pname) + ": ")
         self.params += 1
-        self.is_string = is_string
+        self.is_string, self.kind = is_string, kind
         if is_string:
             self.calls.args('"')
         self.state, self.value, self._lead = "value", "", self.trims_newlines
@@ -90,7 +135,7 @@ class TaggedParams(MarkedCalls):
         i, marker = hit
         self._value(self.buf[:i])
         self.buf = self.buf[i + len(marker):]
-        self.calls.args('"' if self.is_string else json_value(self.value))
+        self.calls.args('"' if self.is_string else json_value(self.value, self.kind))
         self.state = "parameters"
         return True
 

@@ -6,7 +6,9 @@ Where the output starts is read from the prompt's end, as llama.cpp reads it: a 
 that ends with `<think>` (R1's templates, Qwen3.5 with thinking on) leaves the output inside
 the block until `</think>`; a closed empty block (Qwen3 with enable_thinking false) or none
 leaves it outside, where a `<think>` at the output's start opens one. Whitespace that opens
-the reasoning or the text after it is dropped.
+the reasoning or the text after it is dropped. A block whose family calls tools only after
+it ends at a call's opening (`call_opens`), where tools are in play: a model that starts a
+call without closing the block has left it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ThinkBlock:
     close: str
     specials: tuple[str, ...]
     constrained: bool = False
+    call_opens: tuple[str, ...] = ()  # tool parsers' openings that end the block (Qwen3)
     reads_tokens = False  # the format's text parser reads it (not a parser of its own)
 
     def lead(self, lk: Lark, prompt: str) -> str:
@@ -56,7 +59,8 @@ class ThinkBlock:
         return ThinkSplitter(inner, prompt, self)
 
 
-QWEN3_THINK = ThinkBlock("qwen3", THINK, END_THINK, (THINK, END_THINK), constrained=True)
+QWEN3_THINK = ThinkBlock("qwen3", THINK, END_THINK, (THINK, END_THINK), constrained=True,
+                         call_opens=("<tool_call>",))
 R1_THINK = ThinkBlock("deepseek_r1", THINK, END_THINK, (THINK, END_THINK), constrained=True)
 
 
@@ -68,6 +72,9 @@ class ThinkSplitter:
         self.inner = inner
         self.open, self.close, specials = block.open, block.close, block.specials
         self.markers = inner.markers | set(specials)
+        # the call openings that end the block, kept for the tool parser
+        opens = getattr(inner, "opens", ())
+        self.ends = (self.close, *(m for m in block.call_opens if m in opens))
         self._state = "think" if prompt_opens_think(prompt, self.open) else "start"
         self._buf = ""
         self._strip = True  # the next part's leading whitespace is dropped
@@ -108,13 +115,14 @@ class ThinkSplitter:
             elif self._state == "think":
                 if not self._lstrip():
                     break
-                hit = find_marker(self._buf, (self.close,))
+                hit = find_marker(self._buf, self.ends)
                 if hit is not None:
                     out.append(Event("reasoning", self._buf[:hit[0]]))
-                    self._buf = self._buf[hit[0] + len(self.close):]
+                    at = hit[0] + (len(hit[1]) if hit[1] == self.close else 0)
+                    self._buf = self._buf[at:]
                     self._state, self._strip = "after", True
                     continue
-                k = len(self._buf) if final else held_from(self._buf, (self.close,))
+                k = len(self._buf) if final else held_from(self._buf, self.ends)
                 if k:
                     out.append(Event("reasoning", self._buf[:k]))
                 self._buf = self._buf[k:]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from swaserve.chat.events import find_marker, held_from
 from swaserve.chat.formats.base import ChatFormat
 from swaserve.chat.lark import Lark, txt
-from swaserve.chat.tagged import TaggedParams
+from swaserve.chat.tagged import TaggedParams, is_typed, parameter_type
 from swaserve.chat.think import R1_THINK
 
 DS = {k: f"<｜{v}｜>" for k, v in {
@@ -58,10 +58,9 @@ class DeepSeekCalls(TaggedParams):
         name = self._upto(final, '">')
         if name is None:
             return False
-        self.name = name
-        if not self.calls.start(name):
+        if not self.named(name):
             return self.fail(self.buf)
-        self.state, self.params = "parameters", 0
+        self.state = "parameters"
         return True
 
     def s_parameters(self, final: bool) -> bool:
@@ -69,7 +68,7 @@ class DeepSeekCalls(TaggedParams):
         if r is None:
             return self.fail(self.buf)
         if r and self.state == "invokes":
-            self.calls.args("}" if self.params else "{}")
+            self.end_call()
         return r
 
     def s_parameter_name(self, final: bool) -> bool:
@@ -77,7 +76,10 @@ class DeepSeekCalls(TaggedParams):
         if head is None:
             return False
         pname, _, attrs = head.partition('"')
-        self.begin_param(pname, 'string="true"' in attrs)
+        kind = parameter_type(self.calls.names, self.name, pname)
+        # the schema's type, where it has one, outweighs the call's string attribute
+        said = 'string="true"' in attrs
+        self.begin_param(pname, kind == "string" or (said and not is_typed(kind)), kind)
         return True
 
     def s_calls(self, final: bool) -> bool:

@@ -1,8 +1,9 @@
 """Gemma 4's tool calls, `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>`, whose values
 are JSON-like with bare keys and strings between `<|"|>` marks. The call's body is turned
 into the arguments' JSON as it streams: keys quoted, strings escaped, scalars as they are
-(a bare word that is not a JSON scalar becomes a string). Its reasoning is a thought
-channel, `<|channel>thought`…`<channel|>`."""
+(a number as float() spells it, `108.`, is a number; a bare word that is not a JSON scalar
+becomes a string). A key without a value (`key:}`) has null, a trailing comma is dropped.
+Its reasoning is a thought channel, `<|channel>thought`…`<channel|>`."""
 
 from __future__ import annotations
 
@@ -54,11 +55,12 @@ class Gemma4Calls(MarkedCalls):
             return self.fail(self.buf)
         self.calls.args("{")
         self.stack, self.want_key, self.in_str, self.word = ["{"], True, False, ""
+        self.comma = self.want_value = False  # a comma held; a key said, its value not
         self.state = "body"
         return True
 
     def s_body(self, final: bool) -> bool:
-        out = []
+        out: list[str] = []
         while self.buf:
             if self.in_str:
                 i = self.buf.find(QUOTE)
@@ -72,7 +74,7 @@ class Gemma4Calls(MarkedCalls):
                 self.buf, self.in_str = self.buf[i + len(QUOTE):], False
                 continue
             if self.buf.startswith(QUOTE):
-                out.append('"')
+                self._item(out, '"')
                 self.buf, self.in_str = self.buf[len(QUOTE):], True
                 continue
             if QUOTE.startswith(self.buf) and not final:
@@ -83,26 +85,45 @@ class Gemma4Calls(MarkedCalls):
                 continue
             if self.word.strip():
                 key = self.want_key and self.stack[-1] == "{"
-                out.append(json.dumps(self.word.strip()) if key else json_value(self.word.strip()))
+                # a bare number as float() spells it (`108.`) is a number, not a string
+                self._item(out, json.dumps(self.word.strip()) if key
+                           else json_value(self.word.strip(), "number"))
             self.word = ""
-            if ch.isspace():
-                continue
-            out.append(ch)
-            if ch in "{[":
-                self.stack.append(ch)
-                self.want_key = ch == "{"
-            elif ch in "}]":
-                self.stack.pop()
-                if not self.stack:
-                    self.calls.args("".join(out))
-                    self.state = "closing"
-                    return True
-            elif ch == ",":
-                self.want_key = self.stack[-1] == "{"
-            elif ch == ":":
-                self.want_key = False
+            if not ch.isspace() and self._punctuation(ch, out):
+                self.calls.args("".join(out))
+                self.state = "closing"
+                return True
         self.calls.args("".join(out))
         return False
+
+    def _item(self, out: list[str], text: str) -> None:
+        """A key or value begins: the comma before it is written now, as one that a
+        closing bracket follows is dropped."""
+        if self.comma:
+            out.append(",")
+        self.comma, self.want_value = False, False
+        out.append(text)
+
+    def _punctuation(self, ch: str, out: list[str]) -> bool:
+        """A structural character; True when it closes the call's body."""
+        if ch in ",}]" and self.want_value:  # `key:` with no value: null
+            self._item(out, "null")
+        if ch == ",":
+            self.comma, self.want_key = True, self.stack[-1] == "{"
+            return False
+        if ch == ":":
+            out.append(ch)
+            self.want_key, self.want_value = False, True
+            return False
+        if ch in "{[":
+            self._item(out, ch)
+            self.stack.append(ch)
+            self.want_key = ch == "{"
+            return False
+        self.comma = False
+        out.append(ch)
+        self.stack.pop()
+        return not self.stack
 
 
 class Gemma4(ChatFormat):

@@ -1,5 +1,8 @@
 """Llama 3.1-3.3's calls: `<|python_tag|>` or a bare object at the output's start, then
-`{"name": ..., "parameters": {...}}`, more of them after `;`."""
+`{"name": ..., "parameters": {...}}`, more of them after `;` or on the next lines.
+
+A bare object may be an answer written in JSON as well as a call, so a call is said only
+once its arguments parse: they come out whole, not streamed."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from swaserve.chat.lark import Lark, exact_object
 
 class Llama3Calls(MarkedCalls):
     """Llama 3.1-3.3: `<|python_tag|>` or a bare object at the output's start, then
-    `{"name": ..., "parameters": {...}}`, more of them after `;`."""
+    `{"name": ..., "parameters": {...}}`, more of them after `;` or whitespace."""
 
     opens = ("<|python_tag|>",)
     special_opens = frozenset(opens)
@@ -21,7 +24,7 @@ class Llama3Calls(MarkedCalls):
     def enter(self, marker: str) -> None:
         self.state = "block"
         self.reader = CallsReader(self.calls.names, self.calls.start, self.calls.args,
-                                  lists=False)
+                                  lists=False, whole=True)
 
     def s_block(self, final: bool) -> bool:
         return self.read_json(self.reader, lambda: setattr(self, "state", "sep"))
@@ -32,8 +35,8 @@ class Llama3Calls(MarkedCalls):
             if final:
                 self.buf = ""
             return False
-        if s[0] == ";":
-            self.buf = s[1:]
+        if s[0] in ";{":  # the next call, after `;` or on its own line
+            self.buf = s[1:] if s[0] == ";" else s
             self.open_block("")
         else:
             self.buf = s

@@ -39,10 +39,9 @@ class Qwen3XmlCalls(TaggedParams):
         name = self._upto(final, ">")
         if name is None:
             return False
-        self.name = name.strip()
-        if not self.calls.start(self.name):
+        if not self.named(name.strip()):
             return self.fail(self.buf)
-        self.state, self.params = "parameters", 0
+        self.state = "parameters"
         return True
 
     def s_parameters(self, final: bool) -> bool:
@@ -50,7 +49,7 @@ class Qwen3XmlCalls(TaggedParams):
         if r is None:
             return self.fail(self.buf)
         if r and self.state == "closing":
-            self.calls.args("}" if self.params else "{}")
+            self.end_call()
         return r
 
     def s_parameter_name(self, final: bool) -> bool:
@@ -58,7 +57,8 @@ class Qwen3XmlCalls(TaggedParams):
         if pname is None:
             return False
         pname = pname.strip()
-        self.begin_param(pname, parameter_type(self.calls.names, self.name, pname) == "string")
+        kind = parameter_type(self.calls.names, self.name, pname)
+        self.begin_param(pname, kind == "string", kind)
         return True
 
 

@@ -11,10 +11,11 @@ from typing import NamedTuple
 from swaserve.chat.events import OutputParser
 from swaserve.chat.grammar import answer_grammar
 from swaserve.chat.registry import make_output_parser
+from swaserve.chat.setup import starts_with_bos
 from swaserve.chat.tools import NO_ARGUMENTS, ToolPlan
 from swaserve.sampling.json_bounds import check_schema_size
 from swaserve.sampling.params import SamplingParams
-from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
+from swaserve.server.chat_prompt import chat_prompt
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import Prepared, encode, prepare
 from swaserve.server.openai.adapter import sampling_params, schema_param
@@ -151,7 +152,7 @@ async def prepare_chat(state: AppState, body: ChatCompletionRequest) -> Prepared
         text = chat_prompt(state, body, tools)
         output.prompted(text)
         return encode(state, text, "messages",
-                      add_special_tokens=not starts_with_bos(state, text))
+                      add_special_tokens=not starts_with_bos(state.tokenizer, text))
 
     prepared = await prepare(state, params, render, "messages", max_tokens,
                              schema_param(body, tools=tools is not None))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from swaserve.chat.setup import starts_with_bos as _starts_with_bos
 from swaserve.chat.template import ChatTemplateError
 from swaserve.chat.tools import ToolPlan, template_messages
 from swaserve.sampling.json_bounds import json_excess
@@ -83,9 +82,3 @@ def chat_prompt(state: AppState, body, plan: ToolPlan | None) -> str:
         raise APIError(400, "messages: the rendered chat is not valid Unicode text (a "
                        "field holds a lone surrogate escape)", "messages") from None
     return text
-
-
-def starts_with_bos(state: AppState, text: str) -> bool:
-    """Whether a rendered chat already begins with the BOS token, so tokenizing it must
-    not add another (chat/setup.py)."""
-    return _starts_with_bos(state.tokenizer, text)

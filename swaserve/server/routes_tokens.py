@@ -7,9 +7,10 @@ import asyncio
 
 from fastapi import FastAPI
 
+from swaserve.chat.setup import starts_with_bos
 from swaserve.server.bounds import check_text
 from swaserve.server.chat_path import plan_tools
-from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
+from swaserve.server.chat_prompt import chat_prompt
 from swaserve.server.errors import APIError
 from swaserve.server.openai.protocol import DetokenizeRequest, TokenizeRequest
 from swaserve.server.state import AppState
@@ -41,7 +42,7 @@ def add_routes(app: FastAPI, state: AppState) -> None:
             else:  # as a chat would be prompted
                 text = chat_prompt(state, body, plan)
                 if special is None:
-                    special = not starts_with_bos(state, text)
+                    special = not starts_with_bos(state.tokenizer, text)
             check_text(tok, text, max_len, param)  # more than a prompt can be: untokenized
             return tok.encode(text, add_special_tokens=special is not False)
 

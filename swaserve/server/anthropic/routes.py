@@ -12,6 +12,7 @@ import asyncio
 
 from fastapi import FastAPI, Request
 
+from swaserve.chat.setup import starts_with_bos
 from swaserve.server.anthropic.answer import MessagesFormat
 from swaserve.server.anthropic.protocol import (
     CountTokensRequest,
@@ -20,7 +21,7 @@ from swaserve.server.anthropic.protocol import (
     messages_field,
 )
 from swaserve.server.chat_path import plan_tools, prepare_chat
-from swaserve.server.chat_prompt import chat_prompt, starts_with_bos
+from swaserve.server.chat_prompt import chat_prompt
 from swaserve.server.errors import APIError
 from swaserve.server.lifecycle import answer, encode
 from swaserve.server.state import AppState
@@ -52,7 +53,7 @@ def add_routes(app: FastAPI, state: AppState) -> None:
         def work() -> list[int]:  # the prompt a message of this body is sent, as /tokenize
             text = chat_prompt(state, chat_body, plan_tools(chat_body))
             return encode(state, text, "messages",
-                          add_special_tokens=not starts_with_bos(state, text))
+                          add_special_tokens=not starts_with_bos(state.tokenizer, text))
 
         try:
             ids = await asyncio.to_thread(work)
